@@ -1,0 +1,1 @@
+"""svdq_kernels: CuTe-DSL kernel sources (build time only; imports the DSL)."""
