@@ -1,0 +1,196 @@
+"""The CUDA driver side of the loader, on `cuda.bindings.driver` alone.
+
+- `device_arch(ordinal)`: the device's compute capability as an arch string.
+- `DeviceKernels`: one cubin loaded on one device as a context-independent
+  `CUlibrary`, its kernels looked up, and the kernel attributes that the
+  DSL's own `cuda_load_to_device` would have set, applied per device.
+- `Launcher`: turns a `LaunchRecord` (grid, block, smem, attributes, param
+  bytes) into a `cuLaunchKernelEx` call on a given stream.
+
+Nothing here imports the DSL, torch or a compiler.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Callable, Sequence
+
+from cuda.bindings import driver as cu
+
+
+class CudaError(RuntimeError):
+    """A CUDA driver call failed."""
+
+
+def check(result, what: str):
+    """Unwrap a cuda.bindings result tuple, raising `CudaError` on failure."""
+    err = result[0]
+    if err != cu.CUresult.CUDA_SUCCESS:
+        _, name = cu.cuGetErrorName(err)
+        _, text = cu.cuGetErrorString(err)
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        text = text.decode() if isinstance(text, bytes) else str(text)
+        raise CudaError(f"{what} failed: {name} ({text})")
+    if len(result) == 1:
+        return None
+    if len(result) == 2:
+        return result[1]
+    return result[1:]
+
+
+_init_lock = threading.Lock()
+_initialised = False
+
+
+def init() -> None:
+    global _initialised
+    with _init_lock:
+        if not _initialised:
+            check(cu.cuInit(0), "cuInit")
+            _initialised = True
+
+
+def device_count() -> int:
+    init()
+    return int(check(cu.cuDeviceGetCount(), "cuDeviceGetCount"))
+
+
+def _device(ordinal: int):
+    init()
+    return check(cu.cuDeviceGet(ordinal), f"cuDeviceGet({ordinal})")
+
+
+def device_attribute(attr: int, ordinal: int) -> int:
+    dev = _device(ordinal)
+    return int(check(cu.cuDeviceGetAttribute(cu.CUdevice_attribute(attr), dev),
+                     f"cuDeviceGetAttribute({attr}, device {ordinal})"))
+
+
+def compute_capability(ordinal: int) -> tuple[int, int]:
+    major = device_attribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, ordinal)
+    minor = device_attribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, ordinal)
+    return major, minor
+
+
+def arch_of_capability(major: int, minor: int) -> str:
+    """The arch-specific target ('a' suffix) that runs on exactly this capability."""
+    return f"sm_{major}{minor}a"
+
+
+def device_arch(ordinal: int) -> str:
+    return arch_of_capability(*compute_capability(ordinal))
+
+
+class DeviceKernels:
+    """One cubin, loaded on one device (context-independent `cuLibrary*`)."""
+
+    def __init__(self, cubin: bytes, kernel_symbols: Sequence[str], ordinal: int,
+                 load_plan: Callable[[Callable, Callable, int], list],
+                 expected_params: dict[str, list[tuple[int, int, int]]] | None = None):
+        init()
+        self.ordinal = ordinal
+        self._cubin = cubin  # keep the image alive for the library's lifetime
+        self.library = check(cu.cuLibraryLoadData(cubin, None, None, 0, None, None, 0),
+                             "cuLibraryLoadData")
+        self.kernels: dict[str, object] = {}
+        for sym in kernel_symbols:
+            self.kernels[sym] = check(cu.cuLibraryGetKernel(self.library, sym.encode()),
+                                      f"cuLibraryGetKernel({sym})")
+        if expected_params:
+            self._check_params(expected_params)
+        dev = _device(ordinal)
+        # The device's primary context (the one torch and the runtime use);
+        # launches go to it whatever context the calling thread has current.
+        self.primary_ctx = check(cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+        self._primary_int = int(self.primary_ctx)
+
+        def kernel_attr(sym: str, attr: int, device: int) -> int:
+            return int(check(cu.cuKernelGetAttribute(cu.CUfunction_attribute(attr), self.kernels[sym],
+                                                     _device(device)),
+                             f"cuKernelGetAttribute({attr}, {sym})"))
+
+        # Replay the DSL's own per-device load function against this device.
+        for sym, attr, value in load_plan(device_attribute, kernel_attr, ordinal):
+            if sym not in self.kernels:
+                raise CudaError(f"load plan names kernel {sym!r}, not in cubin symbols {sorted(self.kernels)}")
+            check(cu.cuKernelSetAttribute(cu.CUfunction_attribute(attr), value, self.kernels[sym], dev),
+                  f"cuKernelSetAttribute({attr}={value}, {sym}, device {ordinal})")
+
+    def _check_params(self, expected: dict[str, list[tuple[int, int, int]]]) -> None:
+        """Cross-check the manifest's parameter list against the driver's view of the cubin."""
+        for sym, params in expected.items():
+            kernel = self.kernels[sym]
+            count = int(check(cu.cuKernelGetParamCount(kernel), f"cuKernelGetParamCount({sym})")) \
+                if hasattr(cu, "cuKernelGetParamCount") else None
+            if count is not None and count != len(params):
+                raise CudaError(f"kernel {sym}: driver reports {count} parameters, manifest {len(params)}")
+            for index, offset, size in params:
+                got = check(cu.cuKernelGetParamInfo(kernel, index), f"cuKernelGetParamInfo({sym}, {index})")
+                got_off, got_size = int(got[0]), int(got[1])
+                if (got_off, got_size) != (offset, size):
+                    raise CudaError(f"kernel {sym} parameter {index}: driver says offset {got_off} size "
+                                    f"{got_size}, manifest says offset {offset} size {size}")
+
+    def make_current(self) -> None:
+        """Make the device's primary context current on this thread if it is not."""
+        cur = check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        if int(cur) != self._primary_int:
+            check(cu.cuCtxSetCurrent(self.primary_ctx), "cuCtxSetCurrent")
+
+    def unload(self) -> None:
+        if self.library is not None:
+            check(cu.cuLibraryUnload(self.library), "cuLibraryUnload")
+            self.library = None
+
+
+class PackedLaunch:
+    """A launch made ready for `cuLaunchKernelEx`: config, attributes and param buffer.
+
+    Built once per distinct `LaunchRecord` shape and reused; `set_params`
+    rewrites the parameter bytes in place (pointer patching) and `launch`
+    issues it on a stream.
+    """
+
+    __slots__ = ("config", "_attrs", "_buf", "_ptrs", "_offsets", "_sizes", "kernel")
+
+    def __init__(self, record, kernel):
+        self.kernel = kernel
+        cfg = cu.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = (int(v) for v in record.grid)
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = (int(v) for v in record.block)
+        cfg.sharedMemBytes = int(record.smem)
+        attrs = []
+        for attr_id, value in record.attrs:
+            a = cu.CUlaunchAttribute()
+            a.id = cu.CUlaunchAttributeID(int(attr_id))
+            # The runtime's cudaLaunchAttributeValue and the driver's
+            # CUlaunchAttributeValue are the same 64-byte union.
+            a.value.pad = bytes(value)
+            attrs.append(a)
+        cfg.attrs = attrs
+        cfg.numAttrs = len(attrs)
+        self._attrs = attrs
+        self.config = cfg
+        offsets, total = [], 0
+        for p in record.params:
+            total = (total + 15) & ~15
+            offsets.append(total)
+            total += len(p)
+        self._buf = ctypes.create_string_buffer(max(total, 16))
+        base = ctypes.addressof(self._buf)
+        self._ptrs = (ctypes.c_void_p * max(len(record.params), 1))(*[base + o for o in offsets])
+        self._offsets = offsets
+        self._sizes = [len(p) for p in record.params]
+        self.set_params(record.params)
+
+    def set_params(self, params: Sequence[bytes]) -> None:
+        base = ctypes.addressof(self._buf)
+        for off, size, p in zip(self._offsets, self._sizes, params):
+            if len(p) != size:
+                raise CudaError(f"parameter size changed from {size} to {len(p)} bytes")
+            ctypes.memmove(base + off, p, size)
+
+    def launch(self, stream: int) -> None:
+        self.config.hStream = cu.CUstream(stream)
+        check(cu.cuLaunchKernelEx(self.config, self.kernel, ctypes.addressof(self._ptrs), 0),
+              "cuLaunchKernelEx")

@@ -1,0 +1,176 @@
+"""GPU numerics of `gemm_w4a4` through the DSL-free loader.
+
+Skipped where no CUDA GPU exists (CI).  On a GPU machine they need built
+artifacts: `SVDQ_ARTIFACTS` (default `artifacts/`).  Set
+`SVDQ_REQUIRE_GPU=1` to turn a missing GPU or missing artifacts into a
+failure instead of a skip (that is how they are run on the H200).
+
+Every case: fresh random inputs (all 16 E2M1 codes, scales over several
+binades), the output poisoned with NaN beforehand inside a larger buffer
+whose guard rows must stay untouched, and a float64 reference computed
+independently (decode to float64, float64 matmul).  Magnitudes make each
+term (main product, LoRA, wcscale, bias) move the result far beyond the
+tolerance; `test_terms_matter` asserts that on the reference itself.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from svdq_loader import reference as ref  # noqa: E402
+
+REQUIRE = os.environ.get("SVDQ_REQUIRE_GPU") == "1"
+ART = os.environ.get("SVDQ_ARTIFACTS", os.path.join(os.path.dirname(__file__), "..", "artifacts"))
+
+if not torch.cuda.is_available():
+    if REQUIRE:
+        raise RuntimeError("SVDQ_REQUIRE_GPU=1 but torch sees no CUDA device")
+    pytest.skip("no CUDA GPU here (GPU tests run on the H200 through the device tool)", allow_module_level=True)
+if not os.path.exists(os.path.join(ART, "manifest.json")):
+    if REQUIRE:
+        raise RuntimeError(f"SVDQ_REQUIRE_GPU=1 but no artifacts at {ART} (run svdq-aot build first)")
+    pytest.skip(f"no built artifacts at {ART}", allow_module_level=True)
+
+import svdq_loader  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+FLUX_KN = [(3072, 9216), (3072, 3072), (3072, 12288), (12288, 3072), (3072, 21504), (15360, 3072)]
+MS = [1, 77, 256, 1000, 4608]
+TOL = {"bf16": 1e-2, "fp16": 2e-3}
+TORCH_DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# Fresh inputs every run; the base seed is in every failure message (set SVDQ_SEED to replay).
+SEED = int(os.environ.get("SVDQ_SEED", int.from_bytes(os.urandom(3), "little")))
+
+
+@pytest.fixture(scope="module")
+def lib():
+    return svdq_loader.load(ART)
+
+
+def _run_case(lib, m, n, k, r, dt, wc, b, seed, prepared=False):
+    seed = (seed * 1000003 + SEED) % (2**31)
+    p = ref.random_problem(m, n, k, r, seed=seed, out_dtype=dt, wcscale=wc, bias=b, device="cuda")
+    expect = ref.reference_torch_f64(**p)            # float64, on the GPU, independent of the kernel
+    guard = 3
+    buf = torch.full((m + guard, n), float("nan"), dtype=TORCH_DT[dt], device="cuda")
+    out = buf[:m]
+    kw = dict(lora_act_in=p.get("lora_act_in"), out=out)
+    if prepared:
+        w = lib.prepare_weight(p["wgt"], p["wscales"], lora_up=p.get("lora_up"), wcscale=p.get("wcscale"),
+                               bias=p.get("bias"))
+        y = lib.gemm_w4a4(p["act"], w, p["ascales"], **kw)
+    else:
+        y = lib.gemm_w4a4(p["act"], p["wgt"], p["ascales"], p["wscales"], lora_up=p.get("lora_up"),
+                          wcscale=p.get("wcscale"), bias=p.get("bias"), **kw)
+    torch.cuda.synchronize()
+    assert y.data_ptr() == out.data_ptr()
+    assert not torch.isnan(y).any(), f"{int(torch.isnan(y).sum())} output elements never written (still NaN)"
+    assert torch.isnan(buf[m:]).all(), "kernel wrote past row M into the guard rows"
+    yd = y.double()
+    rel = float(torch.linalg.vector_norm(yd - expect) / torch.linalg.vector_norm(expect))
+    assert rel <= TOL[dt], f"relative error {rel:.3e} > {TOL[dt]:.0e} (M={m} N={n} K={k} R={r} {dt} wc={wc} b={b} seed={seed})"
+    return rel
+
+
+# 1. every feature combination (R x dtype x wcscale x bias) at ragged and tile-sized M
+@pytest.mark.parametrize("m", [77, 256])
+@pytest.mark.parametrize("r", [0, 32, 64])
+@pytest.mark.parametrize("dt", ["bf16", "fp16"])
+@pytest.mark.parametrize("wc", [True, False])
+@pytest.mark.parametrize("b", [True, False])
+def test_features(lib, m, r, dt, wc, b):
+    _run_case(lib, m, 3072, 3072, r, dt, wc, b, seed=m * 131 + r * 7 + (dt == 'bf16') * 3 + wc * 2 + b)
+
+
+# 2. every FLUX (K, N) at every M, both dtypes, with all terms on
+@pytest.mark.parametrize("kn", FLUX_KN, ids=[f"K{k}N{n}" for k, n in FLUX_KN])
+@pytest.mark.parametrize("m", MS)
+@pytest.mark.parametrize("dt", ["bf16", "fp16"])
+def test_flux_shapes(lib, kn, m, dt):
+    k, n = kn
+    _run_case(lib, m, n, k, 32, dt, True, True, seed=(m * 7 + k + n) & 0xFFFF)
+
+
+# 3. the other ranks the kernel family supports, at one shape
+@pytest.mark.parametrize("r", [16, 48, 128])
+def test_other_ranks(lib, r):
+    avail = {v.knobs["rank"] if isinstance(v.knobs, dict) else v.knobs.rank for v in lib.variants}
+    if r not in avail:
+        pytest.skip(f"rank {r} not built in these artifacts")
+    _run_case(lib, 1000, 3072, 3072, r, "bf16", True, True, seed=r)
+
+
+def test_prepared_weight_matches_direct(lib):
+    _run_case(lib, 300, 3072, 3072, 32, "bf16", True, True, seed=5, prepared=True)
+
+
+def test_terms_matter():
+    """The inputs are sized so that dropping or mis-scaling any term fails the tolerance."""
+    p = ref.random_problem(77, 3072, 3072, 32, seed=1, out_dtype="bf16", wcscale=True, bias=True, device="cuda")
+    sens = ref.term_sensitivity(p)
+    for term, s in sens.items():
+        assert s >= 0.1, f"term {term} moves the output by only {s:.3g} (relative)"
+
+
+def test_current_stream_and_graph_capture(lib):
+    """Launches go on the caller's current stream and can be captured in a CUDA graph."""
+    p = ref.random_problem(128, 3072, 3072, 32, seed=9, out_dtype="bf16", device="cuda")
+    w = lib.prepare_weight(p["wgt"], p["wscales"], lora_up=p["lora_up"], wcscale=p["wcscale"], bias=p["bias"])
+    expect = ref.reference_torch_f64(**p)
+    s = torch.cuda.Stream()
+    out = torch.full((128, 3072), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lib.gemm_w4a4(p["act"], w, p["ascales"], lora_act_in=p["lora_act_in"], out=out)  # warm (loads kernels)
+    out.fill_(float("nan"))
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g, stream=s):
+            lib.gemm_w4a4(p["act"], w, p["ascales"], lora_act_in=p["lora_act_in"], out=out)
+    torch.cuda.synchronize()
+    assert torch.isnan(out).all(), "capture must not execute the kernel"
+    g.replay()
+    torch.cuda.synchronize()
+    rel = float(torch.linalg.vector_norm(out.double() - expect) / torch.linalg.vector_norm(expect))
+    assert rel <= 1e-2
+
+
+def test_wrong_arch_is_refused_before_loading(lib, tmp_path):
+    """A manifest whose variants claim another arch is refused with a clear message, no CUDA fault."""
+    import json
+    import shutil
+    for f in os.listdir(ART):
+        shutil.copy(os.path.join(ART, f), tmp_path / f)
+    doc = json.loads((tmp_path / "manifest.json").read_text())
+    for v in doc["variants"]:
+        v["arch"] = "sm_100a"
+    (tmp_path / "manifest.json").write_text(json.dumps(doc))
+    lib2 = svdq_loader.load(str(tmp_path))
+    p = ref.random_problem(16, 3072, 3072, 0, seed=3, out_dtype="bf16", wcscale=False, bias=False, device="cuda")
+    with pytest.raises(Exception, match=r"sm_90a"):
+        lib2.gemm_w4a4(p["act"], p["wgt"], p["ascales"], p["wscales"])
+    var = next(iter(lib2._variants.values()))
+    from svdq_loader.library import DeviceMismatch
+    with pytest.raises(DeviceMismatch, match=r"built for sm_100a but device 0 is sm_90a"):
+        lib2._device_kernels(var, 0, False)
+    # the context is still healthy
+    torch.ones(4, device="cuda").sum().item()
+
+
+def test_bad_arguments_raise_before_gpu_work(lib):
+    p = ref.random_problem(64, 3072, 3072, 32, seed=4, out_dtype="bf16", device="cuda")
+    from svdq_loader.ops import InvalidArgument
+    from svdq_loader.select import UnsupportedProblem
+    with pytest.raises(InvalidArgument, match="contiguous"):
+        lib.gemm_w4a4(p["act"].t().contiguous().t(), p["wgt"], p["ascales"], p["wscales"],
+                      lora_act_in=p["lora_act_in"], lora_up=p["lora_up"])
+    with pytest.raises(InvalidArgument, match="dtype"):
+        lib.gemm_w4a4(p["act"], p["wgt"], p["ascales"], p["wscales"],
+                      lora_act_in=p["lora_act_in"].half(), lora_up=p["lora_up"])
+    with pytest.raises(UnsupportedProblem, match="N=3040"):
+        w = torch.randint(0, 256, (3040, 1536), dtype=torch.uint8, device="cuda")
+        ws = p["wscales"][:1].expand(3040, -1).contiguous()
+        lib.gemm_w4a4(p["act"], w, p["ascales"], ws)
