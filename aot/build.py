@@ -1,0 +1,254 @@
+"""`build(config, out_dir)`: config -> variants -> compile -> artifacts -> manifest.
+
+Every valid variant is compiled (and its launch ABI extracted) *before*
+anything is written to the output directory, so a failing compile or
+host-program serialisation leaves the directory exactly as it was.  Then
+`ArtifactDir.commit` writes the files atomically and the manifest last.
+
+Nothing here queries a GPU or the CUDA driver; the kernel family is told
+its target arch explicitly.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import platform
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from svdq_loader.manifest import (
+    SCHEMA_VERSION, ConfigRef, Generator, HostProgram, Knobs, Manifest, ManifestError, ParamInfo,
+    RejectedEntry, Requirements, Shape, VariantEntry,
+)
+
+from . import __version__
+from .artifacts import ArtifactDir, sha256_bytes
+from .config import Config, load_config
+from .variants import FamilyUnavailable, Variant, enumerate_variants, family_module, family_name
+
+ProgressFn = Callable[[str], Any]
+
+
+class BuildError(RuntimeError):
+    """The build cannot produce a complete, valid artifact set; the message says which variant and why."""
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    variant: Variant
+    cubin: bytes
+    host_json: bytes
+    entry: str
+    kernel_symbols: tuple[str, ...]
+    params: dict[str, tuple[tuple[int, int, int], ...]]
+    smem_bytes: int
+    seconds: float
+
+
+# Indirections (tests substitute these; the real ones are imported lazily).
+def _kernel_params(cubin: bytes) -> dict:
+    from svdq_loader.cubin_info import kernel_params
+    return kernel_params(cubin)
+
+
+def _serialize_host(compiled: Any) -> Any:
+    from svdq_aot.host_ir import serialize_host
+    return serialize_host(compiled)
+
+
+def _one_line(e: BaseException) -> str:
+    msg = " ".join(str(e).split())
+    if len(msg) > 400:
+        msg = msg[:397] + "..."
+    return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+
+
+def compile_one(variant: Variant) -> CompileResult:
+    """Compile one variant and extract its launch ABI; raises BuildError naming the variant."""
+    name = variant.name
+    t0 = time.perf_counter()
+    try:
+        fam = family_module(variant.arch)
+    except (KeyError, FamilyUnavailable) as e:
+        raise BuildError(f"variant {name}: {_one_line(e)}") from e
+
+    with tempfile.TemporaryDirectory(prefix="svdq-aot-dump-") as dump:
+        try:
+            cv = fam.compile_variant(variant, dump)
+        except Exception as e:  # noqa: BLE001
+            raise BuildError(f"variant {name}: compile failed: {_one_line(e)}") from e
+
+    cubin = getattr(cv, "cubin", None)
+    if not isinstance(cubin, (bytes, bytearray)) or not cubin:
+        raise BuildError(f"variant {name}: compile produced no cubin bytes")
+    cubin = bytes(cubin)
+    if not cubin.startswith(b"\x7fELF"):
+        raise BuildError(f"variant {name}: compile output is not an ELF cubin (starts {cubin[:8]!r})")
+    symbols = tuple(cv.kernel_symbols)
+    if not symbols or not all(isinstance(s, str) and s for s in symbols):
+        raise BuildError(f"variant {name}: compile reported no kernel symbols ({symbols!r})")
+    entry = cv.entry
+    if not isinstance(entry, str) or not entry:
+        raise BuildError(f"variant {name}: compile reported no host entry name ({entry!r})")
+    smem = cv.smem_bytes
+    if isinstance(smem, bool) or not isinstance(smem, int) or smem < 0:
+        raise BuildError(f"variant {name}: invalid smem_bytes {smem!r}")
+
+    try:
+        all_params = _kernel_params(cubin)
+    except Exception as e:  # noqa: BLE001
+        raise BuildError(f"variant {name}: reading kernel parameter info from the cubin failed: "
+                         f"{_one_line(e)}") from e
+    params = {}
+    for sym in symbols:
+        if sym not in all_params:
+            raise BuildError(f"variant {name}: kernel symbol {sym!r} has no parameter info in the cubin "
+                             f"(cubin kernels: {sorted(all_params)})")
+        params[sym] = tuple(tuple(int(x) for x in p) for p in all_params[sym])
+
+    try:
+        host = _serialize_host(cv.compiled)
+        host_json = (json.dumps(host, separators=(",", ":"), allow_nan=False) + "\n").encode()
+    except Exception as e:  # noqa: BLE001 (HostIRError, or a non-JSON value)
+        raise BuildError(f"variant {name}: host program serialisation failed: {_one_line(e)}") from e
+    del cv
+    return CompileResult(variant=variant, cubin=cubin, host_json=host_json, entry=entry,
+                         kernel_symbols=symbols, params=params, smem_bytes=smem,
+                         seconds=time.perf_counter() - t0)
+
+
+def check_coverage(config: Config, valid: list[Variant], rejected: list[tuple[Variant, str]]) -> None:
+    """Every shape must be served by a valid variant for every (arch, dtype, rank, wcscale, bias)."""
+    missing = []
+    for arch in config.archs:
+        for dtype in config.out_dtypes:
+            for rank in config.ranks:
+                for wc in config.wcscale:
+                    for b in config.bias:
+                        key = (arch, dtype, rank, wc, b)
+                        mine = [v for v in valid if (v.arch, v.out_dtype, v.rank, v.wcscale, v.bias) == key]
+                        for s in config.shapes:
+                            if any(v.serves(s.k, s.n) for v in mine):
+                                continue
+                            why = [f"{v.name}: {r}" for v, r in rejected
+                                   if (v.arch, v.out_dtype, v.rank, v.wcscale, v.bias) == key
+                                   and v.serves(s.k, s.n)]
+                            missing.append(
+                                f"shape {s.name} (K={s.k}, N={s.n}) has no valid variant for {arch} {dtype} "
+                                f"rank {rank} wcscale={'on' if wc else 'off'} bias={'on' if b else 'off'}"
+                                + (f" (rejected: {why[0]}{f' and {len(why) - 1} more' if len(why) > 1 else ''})"
+                                   if why else " (no configured tile divides it)"))
+    if missing:
+        more = f"; ... and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise BuildError(f"{config.path}: {len(missing)} (shape, variant-group) combination(s) cannot be served: "
+                         + "; ".join(missing[:3]) + more)
+
+
+def _generator() -> Generator:
+    try:
+        dsl_version = importlib.metadata.version("nvidia-cutlass-dsl")
+    except importlib.metadata.PackageNotFoundError:
+        dsl_version = "unknown"
+    return Generator(package="svdq-aot", package_version=__version__, dsl="nvidia-cutlass-dsl",
+                     dsl_version=dsl_version, python=platform.python_version())
+
+
+def _entry(r: CompileResult) -> VariantEntry:
+    v = r.variant
+    fam = family_module(v.arch)
+    return VariantEntry(
+        name=v.name, arch=v.arch, family=family_name(v.arch), knobs=Knobs(**v.knobs()),
+        cubin=f"{v.name}.cubin", sha256=sha256_bytes(r.cubin), size=len(r.cubin),
+        host_program=HostProgram(file=f"{v.name}.host.json", sha256=sha256_bytes(r.host_json)),
+        entry=r.entry, kernel_symbols=r.kernel_symbols,
+        params={s: tuple(ParamInfo(*p) for p in ps) for s, ps in r.params.items()},
+        host_args=tuple((str(a), str(k)) for a, k in getattr(fam, "HOST_ARGS", ())),
+        smem_bytes=r.smem_bytes, requirements=Requirements(**v.requirements))
+
+
+def _compile_all(valid: list[Variant], jobs: int, progress: ProgressFn | None) -> list[CompileResult]:
+    n = len(valid)
+    width = len(str(n))
+
+    def report(i: int, r: CompileResult) -> None:
+        if progress is not None:
+            progress(f"[{i:>{width}}/{n}] {r.variant.name}  {r.seconds:.1f}s")
+
+    if jobs <= 1 or n <= 1:
+        out = []
+        for i, v in enumerate(valid, 1):
+            r = compile_one(v)
+            out.append(r)
+            report(i, r)
+        return out
+
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    # spawn: a fresh interpreter per worker (the DSL/MLIR state must not be forked).
+    results: dict[Variant, CompileResult] = {}
+    with ProcessPoolExecutor(max_workers=min(jobs, n),
+                             mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(compile_one, v): v for v in valid}
+        for i, f in enumerate(as_completed(futures), 1):
+            exc = f.exception()
+            if exc is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+                if isinstance(exc, BuildError):
+                    raise BuildError(str(exc)) from None
+                raise BuildError(f"variant {futures[f].name}: compile worker failed: {_one_line(exc)}") from exc
+            r = f.result()
+            results[r.variant] = r
+            report(i, r)
+    return [results[v] for v in valid]
+
+
+def build(config_path: str | Path, out_dir: str | Path, *, jobs: int = 1,
+          progress: ProgressFn | None = None) -> Manifest:
+    """Build every valid variant of `config_path` into `out_dir`; returns the manifest written.
+
+    Raises ConfigError (invalid config), BuildError (coverage gap, a variant
+    failed to compile/serialise) or BuildLocked (another build owns out_dir).
+    On any error no new manifest is written.
+
+    ``jobs > 1`` compiles in a pool of *spawned* processes (fresh interpreters,
+    the DSL is not fork-safe); a script calling this needs the usual
+    ``if __name__ == "__main__":`` guard.  `progress` receives one line per
+    finished variant: ``[i/n] <name>  <seconds>s``.
+    """
+    config = load_config(config_path)
+    try:
+        valid, rejected = enumerate_variants(config)
+    except FamilyUnavailable as e:
+        raise BuildError(str(e)) from e
+    if not valid:
+        first = f" (e.g. {rejected[0][0].name}: {rejected[0][1]})" if rejected else ""
+        raise BuildError(f"{config.path}: no valid variants; all {len(rejected)} were rejected{first}")
+    check_coverage(config, valid, rejected)
+
+    results = _compile_all(valid, max(1, int(jobs)), progress)
+
+    entries = [_entry(r) for r in results]
+    manifest = Manifest(
+        schema_version=SCHEMA_VERSION, generator=_generator(),
+        config=ConfigRef(name=config.name, sha256=config.sha256, file=config.file_name),
+        shapes=tuple(Shape(name=s.name, k=s.k, n=s.n) for s in config.shapes),
+        variants=tuple(entries),
+        rejected=tuple(RejectedEntry(name=v.name, reason=r) for v, r in rejected))
+    # Never write a manifest the loader would refuse.
+    try:
+        Manifest.from_json(manifest.to_json(), source="(manifest being built)")
+    except ManifestError as e:
+        raise BuildError(f"internal: the manifest would not validate: {e}") from e
+
+    files: dict[str, bytes] = {}
+    for r, e in zip(results, entries):
+        files[e.cubin] = r.cubin
+        files[e.host_program.file] = r.host_json
+    out = Path(out_dir)
+    with ArtifactDir(out) as ad:
+        ad.commit(files, manifest)
+    return Manifest.from_json(manifest.to_json(), source=str(out / "manifest.json"))

@@ -1,0 +1,86 @@
+"""`svdq-aot` command line: build, variants, verify.
+
+Errors the user can act on (bad config, failed variant, locked or tampered
+artifact directory) print one ``Error: ...`` line and exit 1; no traceback.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+from svdq_loader.manifest import ArtifactError, read_manifest, verify_artifacts
+
+from . import __version__
+from .artifacts import BuildLocked
+from .build import BuildError, build as run_build
+from .config import ConfigError, load_config
+from .variants import FamilyUnavailable, enumerate_variants
+
+_USER_ERRORS = (ConfigError, BuildError, BuildLocked, FamilyUnavailable, ArtifactError, OSError)
+
+
+def _fail(e: BaseException) -> click.ClickException:
+    return click.ClickException(" ".join(str(e).split()))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="svdq-aot")
+def main() -> None:
+    """Ahead-of-time builder for the SVDQuant W4A4 GEMM kernels (no GPU needed)."""
+
+
+@main.command()
+@click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-o", "--out", "out", default="artifacts", show_default=True,
+              type=click.Path(file_okay=False, path_type=Path), help="artifact directory to write")
+@click.option("-j", "--jobs", default=1, show_default=True, type=click.IntRange(min=1),
+              help="variants compiled in parallel (one process each)")
+def build(config: Path, out: Path, jobs: int) -> None:
+    """Compile every valid variant of CONFIG into OUT (cubins, host programs, manifest.json)."""
+    t0 = time.perf_counter()
+    try:
+        manifest = run_build(config, out, jobs=jobs, progress=click.echo)
+    except _USER_ERRORS as e:
+        raise _fail(e) from None
+    dt = time.perf_counter() - t0
+    click.echo(f"built {len(manifest.variants)} variant(s), rejected {len(manifest.rejected)}, "
+               f"into {out}/ in {dt:.1f}s")
+    for r in manifest.rejected:
+        click.echo(f"  rejected {r.name}: {r.reason}")
+
+
+@main.command()
+@click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
+def variants(config: Path) -> None:
+    """List the variants CONFIG yields, valid and rejected (with reasons); compiles nothing."""
+    try:
+        cfg = load_config(config)
+        valid, rejected = enumerate_variants(cfg)
+    except _USER_ERRORS as e:
+        raise _fail(e) from None
+    click.echo(f"{cfg.name}: {len(valid)} valid, {len(rejected)} rejected")
+    for v in valid:
+        click.echo(f"  ok       {v.name}")
+    for v, reason in rejected:
+        click.echo(f"  rejected {v.name}: {reason}")
+
+
+@main.command()
+@click.argument("directory", type=click.Path(path_type=Path))
+def verify(directory: Path) -> None:
+    """Check DIR's manifest and the SHA-256 of every file it names (no GPU)."""
+    try:
+        m = read_manifest(directory)
+        files = verify_artifacts(m, directory)
+    except _USER_ERRORS as e:
+        raise _fail(e) from None
+    g = m.generator
+    click.echo(f"OK: {directory}: {len(m.variants)} variant(s), {len(files)} file(s) verified "
+               f"(config {m.config.name}, built by {g.package} {g.package_version} with {g.dsl} "
+               f"{g.dsl_version}, python {g.python})")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,554 @@
+"""The artifact manifest: typed records, JSON (de)serialisation, validation, integrity.
+
+Pure Python, standard library only.  The runtime imports this with no DSL,
+no torch and no CUDA installed; the builder (`svdq_aot`) imports it to write.
+
+Reading is strict: every key is type-checked, unknown and missing keys are
+errors, and every error names the file, the key path and the value found.
+`verify_artifacts` checks that every file the manifest names exists inside
+the artifact directory and has the recorded SHA-256; run it before any CUDA
+call so a tampered or half-copied artifact set fails early and clearly.
+
+Layout of ``manifest.json`` (schema_version 1)::
+
+    {"schema_version": 1,
+     "generator": {"package", "package_version", "dsl", "dsl_version", "python"},
+     "config": {"name", "sha256", "file"},
+     "shapes": [{"name", "k", "n"}],
+     "variants": [{"name", "arch", "family", "knobs": {...}, "cubin", "sha256", "size",
+                   "host_program": {"file", "sha256"}, "entry", "kernel_symbols",
+                   "params": {symbol: [{"index", "offset", "size"}]},
+                   "host_args": [[name, kind]], "smem_bytes",
+                   "requirements": {"n_multiple", "k_multiple", "ptr_align"}}],
+     "rejected": [{"name", "reason"}]}
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, NamedTuple
+
+from ._version import __version__ as LOADER_VERSION
+
+SCHEMA_VERSION = 1
+#: Schema versions this reader understands.
+READABLE_SCHEMA_VERSIONS = (1,)
+MANIFEST_NAME = "manifest.json"
+GENERATOR_PACKAGE = "svdq-aot"
+
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+# A plain file name inside the artifact directory: no separators, no leading
+# dot (hidden / "." / ".."), no ".." anywhere, printable ASCII subset only.
+_FILE_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
+
+
+class ArtifactError(Exception):
+    """Base class: something is wrong with an artifact directory."""
+
+
+class ManifestError(ArtifactError, ValueError):
+    """The manifest is missing, malformed, of an unknown schema, or from an incompatible builder."""
+
+
+class ArtifactIntegrityError(ArtifactError):
+    """A file named by the manifest is missing, outside the directory, or has the wrong hash/size."""
+
+    def __init__(self, message: str, problems: list[str] | None = None):
+        super().__init__(message)
+        self.problems = list(problems or [message])
+
+
+# --------------------------------------------------------------------------
+# Records
+# --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Generator:
+    package: str
+    package_version: str
+    dsl: str
+    dsl_version: str
+    python: str
+
+
+@dataclass(frozen=True)
+class ConfigRef:
+    name: str
+    sha256: str   # of the YAML file's bytes
+    file: str     # base name of the YAML file
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    k: int
+    n: int
+
+
+@dataclass(frozen=True)
+class Knobs:
+    out_dtype: str
+    rank: int
+    wcscale: bool
+    bias: bool
+    tile_m: int
+    tile_n: int
+    tile_k: int
+    cluster_m: int
+    cluster_n: int
+    stages: int
+
+
+@dataclass(frozen=True)
+class HostProgram:
+    file: str
+    sha256: str
+
+
+class ParamInfo(NamedTuple):
+    """One kernel parameter as the cubin's EIATTR_KPARAM_INFO records it."""
+    index: int
+    offset: int
+    size: int
+
+
+@dataclass(frozen=True)
+class Requirements:
+    n_multiple: int
+    k_multiple: int
+    ptr_align: int
+
+
+@dataclass(frozen=True)
+class VariantEntry:
+    name: str
+    arch: str
+    family: str
+    knobs: Knobs
+    cubin: str
+    sha256: str
+    size: int
+    host_program: HostProgram
+    entry: str
+    kernel_symbols: tuple[str, ...]
+    params: dict[str, tuple[ParamInfo, ...]]
+    host_args: tuple[tuple[str, str], ...]
+    smem_bytes: int
+    requirements: Requirements
+
+    def serves(self, k: int, n: int) -> bool:
+        """True when this variant's shape rules accept a (K, N) problem."""
+        r = self.requirements
+        return n % r.n_multiple == 0 and k % r.k_multiple == 0
+
+
+@dataclass(frozen=True)
+class RejectedEntry:
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    generator: Generator
+    config: ConfigRef
+    shapes: tuple[Shape, ...]
+    variants: tuple[VariantEntry, ...]
+    rejected: tuple[RejectedEntry, ...] = ()
+    schema_version: int = SCHEMA_VERSION
+    source: str = field(default=MANIFEST_NAME, compare=False, repr=False)
+
+    # -- lookup -------------------------------------------------------------
+    def variant(self, name: str) -> VariantEntry:
+        for v in self.variants:
+            if v.name == name:
+                return v
+        raise KeyError(f"no variant named {name!r} in {self.source}")
+
+    def files(self) -> list[tuple[str, str, int | None]]:
+        """Every (file name, sha256, size or None) the manifest references."""
+        out: list[tuple[str, str, int | None]] = []
+        for v in self.variants:
+            out.append((v.cubin, v.sha256, v.size))
+            out.append((v.host_program.file, v.host_program.sha256, None))
+        return out
+
+    # -- serialisation ----------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "generator": _plain(self.generator),
+            "config": _plain(self.config),
+            "shapes": [_plain(s) for s in self.shapes],
+            "variants": [_variant_to_dict(v) for v in self.variants],
+            "rejected": [_plain(r) for r in self.rejected],
+        }
+
+    def to_json(self) -> str:
+        """Deterministic JSON text (stable key order, trailing newline)."""
+        return json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = MANIFEST_NAME) -> "Manifest":
+        return _parse_manifest(data, source)
+
+    @classmethod
+    def from_json(cls, text: str | bytes, source: str = MANIFEST_NAME) -> "Manifest":
+        return _parse_manifest(_loads(text, source), source)
+
+
+def _plain(obj) -> dict[str, Any]:
+    return {k: getattr(obj, k) for k in obj.__dataclass_fields__}
+
+
+def _variant_to_dict(v: VariantEntry) -> dict[str, Any]:
+    return {
+        "name": v.name,
+        "arch": v.arch,
+        "family": v.family,
+        "knobs": _plain(v.knobs),
+        "cubin": v.cubin,
+        "sha256": v.sha256,
+        "size": v.size,
+        "host_program": _plain(v.host_program),
+        "entry": v.entry,
+        "kernel_symbols": list(v.kernel_symbols),
+        "params": {sym: [p._asdict() for p in ps] for sym, ps in v.params.items()},
+        "host_args": [list(a) for a in v.host_args],
+        "smem_bytes": v.smem_bytes,
+        "requirements": _plain(v.requirements),
+    }
+
+
+# --------------------------------------------------------------------------
+# Parsing and validation
+# --------------------------------------------------------------------------
+
+def _loads(text: str | bytes, source: str) -> Any:
+    def no_dupes(pairs):
+        out = {}
+        for k, v in pairs:
+            if k in out:
+                raise ManifestError(f"{source}: duplicate key {k!r} in a JSON object")
+            out[k] = v
+        return out
+
+    def no_constants(name):
+        raise ManifestError(f"{source}: non-finite number {name} is not allowed")
+
+    try:
+        return json.loads(text, object_pairs_hook=no_dupes, parse_constant=no_constants)
+    except json.JSONDecodeError as e:
+        raise ManifestError(f"{source}: not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+    except UnicodeDecodeError as e:
+        raise ManifestError(f"{source}: not UTF-8 text ({e.reason})") from None
+
+
+class _Ctx:
+    """Error helper: every message names the file, the key path and the value."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def fail(self, path: str, value: Any, rule: str) -> ManifestError:
+        shown = repr(value)
+        if len(shown) > 120:
+            shown = shown[:117] + "..."
+        return ManifestError(f"{self.source}: {path}: {shown}: {rule}")
+
+    def obj(self, data: Any, path: str, keys: Iterable[str]) -> dict:
+        keys = tuple(keys)
+        if not isinstance(data, dict):
+            raise self.fail(path, data, f"expected an object with keys {list(keys)}")
+        missing = [k for k in keys if k not in data]
+        if missing:
+            raise self.fail(path, sorted(data), f"missing key(s) {missing}")
+        unknown = [k for k in data if k not in keys]
+        if unknown:
+            raise self.fail(f"{path}.{unknown[0]}", data[unknown[0]],
+                            f"unknown key (schema_version {SCHEMA_VERSION} allows {list(keys)})")
+        return data
+
+    def int_(self, data: dict, key: str, path: str, minimum: int = 0) -> int:
+        v = data[key]
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise self.fail(f"{path}.{key}", v, "expected an integer")
+        if v < minimum:
+            raise self.fail(f"{path}.{key}", v, f"must be >= {minimum}")
+        return v
+
+    def bool_(self, data: dict, key: str, path: str) -> bool:
+        v = data[key]
+        if not isinstance(v, bool):
+            raise self.fail(f"{path}.{key}", v, "expected true or false")
+        return v
+
+    def str_(self, data: dict, key: str, path: str) -> str:
+        v = data[key]
+        if not isinstance(v, str) or not v:
+            raise self.fail(f"{path}.{key}", v, "expected a non-empty string")
+        return v
+
+    def sha_(self, data: dict, key: str, path: str) -> str:
+        v = data[key]
+        if not isinstance(v, str) or not _SHA256_RE.fullmatch(v):
+            raise self.fail(f"{path}.{key}", v, "expected a SHA-256 as 64 lowercase hex digits")
+        return v
+
+    def file_(self, data: dict, key: str, path: str) -> str:
+        v = data[key]
+        if not isinstance(v, str) or not _FILE_RE.fullmatch(v) or ".." in v:
+            raise self.fail(f"{path}.{key}", v,
+                            "expected a plain file name inside the artifact directory "
+                            "(no '/', '\\', '..', leading '.', or unusual characters)")
+        return v
+
+    def list_(self, data: dict, key: str, path: str) -> list:
+        v = data[key]
+        if not isinstance(v, list):
+            raise self.fail(f"{path}.{key}", v, "expected a list")
+        return v
+
+
+_VARIANT_KEYS = ("name", "arch", "family", "knobs", "cubin", "sha256", "size", "host_program",
+                 "entry", "kernel_symbols", "params", "host_args", "smem_bytes", "requirements")
+
+
+def _parse_manifest(data: Any, source: str) -> Manifest:
+    c = _Ctx(source)
+    if not isinstance(data, dict):
+        raise c.fail("(top level)", type(data).__name__, "expected a JSON object")
+    if "schema_version" not in data:
+        raise c.fail("(top level)", sorted(data), "missing key 'schema_version'")
+    sv = data["schema_version"]
+    if isinstance(sv, bool) or not isinstance(sv, int) or sv not in READABLE_SCHEMA_VERSIONS:
+        raise ManifestError(
+            f"{source}: schema_version {sv!r} is not readable by this loader "
+            f"(svdq_loader {LOADER_VERSION} reads schema_version {list(READABLE_SCHEMA_VERSIONS)}); "
+            f"rebuild the artifacts with a matching svdq-aot or install a matching loader")
+    c.obj(data, "(top level)", ("schema_version", "generator", "config", "shapes", "variants", "rejected"))
+
+    g = c.obj(data["generator"], "generator", Generator.__dataclass_fields__)
+    gen = Generator(**{k: c.str_(g, k, "generator") for k in Generator.__dataclass_fields__})
+    _check_generator(gen, source)
+
+    cf = c.obj(data["config"], "config", ("name", "sha256", "file"))
+    config = ConfigRef(name=c.str_(cf, "name", "config"), sha256=c.sha_(cf, "sha256", "config"),
+                       file=c.str_(cf, "file", "config"))
+
+    shapes = []
+    for i, s in enumerate(c.list_(data, "shapes", "(top level)")):
+        p = f"shapes[{i}]"
+        s = c.obj(s, p, ("name", "k", "n"))
+        shapes.append(Shape(name=c.str_(s, "name", p), k=c.int_(s, "k", p, 1), n=c.int_(s, "n", p, 1)))
+
+    variants = []
+    names: dict[str, str] = {}
+    files: dict[str, str] = {}
+    for i, v in enumerate(c.list_(data, "variants", "(top level)")):
+        entry = _parse_variant(c, v, f"variants[{i}]")
+        p = f"variants[{i}]"
+        if entry.name in names:
+            raise c.fail(f"{p}.name", entry.name, f"duplicate variant name (also {names[entry.name]})")
+        names[entry.name] = p
+        for key, fname in (("cubin", entry.cubin), ("host_program.file", entry.host_program.file)):
+            if fname == MANIFEST_NAME:
+                raise c.fail(f"{p}.{key}", fname, "an artifact may not be named like the manifest")
+            if fname in files:
+                raise c.fail(f"{p}.{key}", fname, f"file already referenced by {files[fname]}")
+            files[fname] = f"{p}.{key}"
+        variants.append(entry)
+
+    rejected = []
+    for i, r in enumerate(c.list_(data, "rejected", "(top level)")):
+        p = f"rejected[{i}]"
+        r = c.obj(r, p, ("name", "reason"))
+        rejected.append(RejectedEntry(name=c.str_(r, "name", p), reason=c.str_(r, "reason", p)))
+
+    return Manifest(generator=gen, config=config, shapes=tuple(shapes), variants=tuple(variants),
+                    rejected=tuple(rejected), schema_version=sv, source=source)
+
+
+def _major(version: str) -> str:
+    return version.split(".", 1)[0]
+
+
+def _check_generator(gen: Generator, source: str) -> None:
+    if gen.package != GENERATOR_PACKAGE:
+        raise ManifestError(f"{source}: generator.package: {gen.package!r}: this loader reads artifacts "
+                            f"written by {GENERATOR_PACKAGE!r} only")
+    if not re.fullmatch(r"\d+(\.\d+)*([.+-].*)?", gen.package_version):
+        raise ManifestError(f"{source}: generator.package_version: {gen.package_version!r}: "
+                            f"expected a version like '1.2.3'")
+    if _major(gen.package_version) != _major(LOADER_VERSION):
+        raise ManifestError(
+            f"{source}: generator.package_version: {gen.package_version!r}: artifacts were built by "
+            f"svdq-aot {gen.package_version} but this loader is {LOADER_VERSION} (major versions "
+            f"{_major(gen.package_version)} vs {_major(LOADER_VERSION)} differ); rebuild the artifacts "
+            f"or install a matching loader")
+
+
+def _parse_variant(c: _Ctx, v: Any, p: str) -> VariantEntry:
+    v = c.obj(v, p, _VARIANT_KEYS)
+    name = c.str_(v, "name", p)
+    p = f"{p} ({name})" if isinstance(name, str) else p
+
+    k = c.obj(v["knobs"], f"{p}.knobs", Knobs.__dataclass_fields__)
+    kp = f"{p}.knobs"
+    dtype = c.str_(k, "out_dtype", kp)
+    if dtype not in ("fp16", "bf16"):
+        raise c.fail(f"{kp}.out_dtype", dtype, "expected 'fp16' or 'bf16'")
+    rank = c.int_(k, "rank", kp)
+    if rank % 16:
+        raise c.fail(f"{kp}.rank", rank, "LoRA rank must be a multiple of 16")
+    knobs = Knobs(out_dtype=dtype, rank=rank, wcscale=c.bool_(k, "wcscale", kp), bias=c.bool_(k, "bias", kp),
+                  **{f: c.int_(k, f, kp, 1) for f in
+                     ("tile_m", "tile_n", "tile_k", "cluster_m", "cluster_n", "stages")})
+
+    hp = c.obj(v["host_program"], f"{p}.host_program", ("file", "sha256"))
+    host_program = HostProgram(file=c.file_(hp, "file", f"{p}.host_program"),
+                               sha256=c.sha_(hp, "sha256", f"{p}.host_program"))
+
+    symbols = c.list_(v, "kernel_symbols", p)
+    if not symbols:
+        raise c.fail(f"{p}.kernel_symbols", symbols, "at least one kernel symbol is required")
+    for j, s in enumerate(symbols):
+        if not isinstance(s, str) or not s:
+            raise c.fail(f"{p}.kernel_symbols[{j}]", s, "expected a non-empty string")
+    if len(set(symbols)) != len(symbols):
+        raise c.fail(f"{p}.kernel_symbols", symbols, "duplicate kernel symbols")
+
+    params_raw = v["params"]
+    if not isinstance(params_raw, dict):
+        raise c.fail(f"{p}.params", params_raw, "expected an object {kernel symbol: [params]}")
+    if set(params_raw) != set(symbols):
+        raise c.fail(f"{p}.params", sorted(params_raw),
+                     f"must have exactly one entry per kernel symbol {sorted(symbols)}")
+    params: dict[str, tuple[ParamInfo, ...]] = {}
+    for sym in symbols:
+        lst = params_raw[sym]
+        sp = f"{p}.params[{sym!r}]"
+        if not isinstance(lst, list):
+            raise c.fail(sp, lst, "expected a list of {index, offset, size}")
+        infos = []
+        for j, q in enumerate(lst):
+            qp = f"{sp}[{j}]"
+            q = c.obj(q, qp, ("index", "offset", "size"))
+            infos.append(ParamInfo(c.int_(q, "index", qp), c.int_(q, "offset", qp), c.int_(q, "size", qp, 1)))
+        if sorted(i.index for i in infos) != list(range(len(infos))):
+            raise c.fail(sp, [i.index for i in infos], "parameter indices must be 0..n-1, each once")
+        params[sym] = tuple(infos)
+
+    host_args = []
+    seen_args = set()
+    for j, a in enumerate(c.list_(v, "host_args", p)):
+        ap = f"{p}.host_args[{j}]"
+        if not (isinstance(a, list) and len(a) == 2 and all(isinstance(x, str) and x for x in a)):
+            raise c.fail(ap, a, "expected a [name, kind] pair of non-empty strings")
+        if a[0] in seen_args:
+            raise c.fail(ap, a, f"duplicate host argument name {a[0]!r}")
+        seen_args.add(a[0])
+        host_args.append((a[0], a[1]))
+
+    r = c.obj(v["requirements"], f"{p}.requirements", ("n_multiple", "k_multiple", "ptr_align"))
+    rp = f"{p}.requirements"
+    requirements = Requirements(n_multiple=c.int_(r, "n_multiple", rp, 1),
+                                k_multiple=c.int_(r, "k_multiple", rp, 1),
+                                ptr_align=c.int_(r, "ptr_align", rp, 1))
+
+    return VariantEntry(
+        name=name, arch=c.str_(v, "arch", p), family=c.str_(v, "family", p), knobs=knobs,
+        cubin=c.file_(v, "cubin", p), sha256=c.sha_(v, "sha256", p), size=c.int_(v, "size", p, 1),
+        host_program=host_program, entry=c.str_(v, "entry", p), kernel_symbols=tuple(symbols),
+        params=params, host_args=tuple(host_args), smem_bytes=c.int_(v, "smem_bytes", p),
+        requirements=requirements)
+
+
+# --------------------------------------------------------------------------
+# Directory-level API
+# --------------------------------------------------------------------------
+
+def read_manifest(directory: str | os.PathLike) -> Manifest:
+    """Read and validate ``<directory>/manifest.json`` (no file hashes checked; see `verify_artifacts`)."""
+    d = Path(directory)
+    path = d / MANIFEST_NAME
+    source = str(path)
+    if not d.is_dir():
+        raise ManifestError(f"{d}: artifact directory does not exist")
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ManifestError(f"{source}: no manifest in {d} (run `svdq-aot build CONFIG -o {d}`; an "
+                            f"interrupted or failed build leaves no manifest)") from None
+    except OSError as e:
+        raise ManifestError(f"{source}: cannot read: {e.strerror}") from None
+    return Manifest.from_json(raw, source)
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verify_artifacts(manifest: Manifest, directory: str | os.PathLike) -> list[Path]:
+    """Check every referenced file exists inside `directory` with the recorded size and SHA-256.
+
+    Pure file I/O, no CUDA.  Returns the verified paths; raises
+    `ArtifactIntegrityError` naming each bad file with expected vs actual.
+    """
+    d = Path(directory)
+    try:
+        root = d.resolve(strict=True)
+    except (FileNotFoundError, OSError):
+        raise ArtifactIntegrityError(f"{d}: artifact directory does not exist") from None
+    problems: list[str] = []
+    ok: list[Path] = []
+    for name, expected, size in manifest.files():
+        # Defence in depth: the reader already rejects such names.
+        if not _FILE_RE.fullmatch(name) or ".." in name:
+            problems.append(f"{name!r}: not a plain file name inside {d}")
+            continue
+        path = d / name
+        try:
+            real = path.resolve(strict=True)
+        except (FileNotFoundError, OSError):
+            problems.append(f"{path}: missing (manifest expects sha256 {expected})")
+            continue
+        if real.parent != root:
+            problems.append(f"{path}: resolves to {real}, outside the artifact directory {root}")
+            continue
+        if not real.is_file():
+            problems.append(f"{path}: not a regular file")
+            continue
+        if size is not None:
+            actual_size = real.stat().st_size
+            if actual_size != size:
+                problems.append(f"{path}: size mismatch: manifest expects {size} bytes, file has "
+                                f"{actual_size} (expected sha256 {expected})")
+                continue
+        actual = sha256_file(real)
+        if actual != expected:
+            problems.append(f"{path}: sha256 mismatch: manifest expects {expected}, file has {actual}")
+            continue
+        ok.append(path)
+    if problems:
+        head = f"{len(problems)} artifact file(s) in {d} failed verification" if len(problems) > 1 \
+            else "artifact file failed verification"
+        raise ArtifactIntegrityError(f"{head}: " + "; ".join(problems)
+                                     + " (the files were modified or not copied completely; rebuild or re-copy)",
+                                     problems)
+    return ok
+
+
+def open_artifacts(directory: str | os.PathLike) -> Manifest:
+    """`read_manifest` + `verify_artifacts`: the one call a runtime should make before touching CUDA."""
+    m = read_manifest(directory)
+    verify_artifacts(m, directory)
+    return m

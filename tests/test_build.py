@@ -1,0 +1,410 @@
+"""Build pipeline, artifact-directory safety, CLI (fake family; plus one real tiny build)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from svdq_aot import artifacts as A
+from svdq_aot import build as B
+from svdq_aot.build import BuildError, build
+from svdq_aot.cli import main
+from svdq_aot.config import ConfigError
+from svdq_loader.manifest import (
+    MANIFEST_NAME, ArtifactIntegrityError, Manifest, read_manifest, sha256_file, verify_artifacts,
+)
+from test_variants import install_fake, make_fake_family
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "configs" / "tiny.yaml"
+
+CFG = """
+name: t
+archs: [sm_90a]
+out_dtypes: [bf16]
+ranks: [0, 32, 128]
+wcscale: [true, false]
+bias: [true]
+shapes:
+  a: {k: 256, n: 512}
+  b: {k: 128, n: 128}
+variants:
+  sm_90a:
+    tiles: [[128, 128, 64], [128, 256, 64]]
+    clusters: [[1, 1]]
+    stages: [auto]
+"""
+
+
+def fake_kernel_params(cubin: bytes) -> dict:
+    assert cubin.startswith(b"\x7fELF-fake-")
+    name = cubin[len(b"\x7fELF-fake-"):].decode()
+    return {f"svdq_k_{name}": [(0, 0, 8), (1, 8, 8), (2, 16, 4)], "other_kernel": [(0, 0, 4)]}
+
+
+def fake_serialize_host(compiled) -> dict:
+    return {"entry": f"host_{compiled.name}", "ops": [["add", 1, 2]]}
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    reg = install_fake(monkeypatch)
+    monkeypatch.setattr(B, "_kernel_params", fake_kernel_params)
+    monkeypatch.setattr(B, "_serialize_host", fake_serialize_host)
+    return reg
+
+
+@pytest.fixture
+def cfg(tmp_path) -> Path:
+    p = tmp_path / "t.yaml"
+    p.write_text(CFG)
+    return p
+
+
+def listing(d: Path) -> set[str]:
+    return {p.name for p in d.iterdir()} - {A.LOCK_NAME}
+
+
+# --------------------------------------------------------------------------
+# fake-family builds
+# --------------------------------------------------------------------------
+
+def test_build_writes_everything(fake, cfg, tmp_path):
+    out = tmp_path / "art"
+    lines = []
+    m = build(cfg, out, progress=lines.append)
+    # 3 ranks x 2 wcscale x 2 tiles = 12; rank 128 with tile_n 256 rejected (2)
+    assert len(m.variants) == 10 and len(m.rejected) == 2
+    assert all("SMEM" in r.reason for r in m.rejected)
+    assert len(lines) == 10 and lines[0].startswith("[ 1/10] svdq_w4a4_sm_90a_bf16_r0_") and lines[0].endswith("s")
+    assert listing(out) == {MANIFEST_NAME} | {v.cubin for v in m.variants} | \
+        {v.host_program.file for v in m.variants}
+    for v in m.variants:
+        assert v.cubin == f"{v.name}.cubin" and v.host_program.file == f"{v.name}.host.json"
+        assert sha256_file(out / v.cubin) == v.sha256 and (out / v.cubin).stat().st_size == v.size
+        assert sha256_file(out / v.host_program.file) == v.host_program.sha256
+        assert json.loads((out / v.host_program.file).read_text())["entry"] == f"host_{v.name}"
+        assert v.kernel_symbols == (f"svdq_k_{v.name}",)
+        assert list(v.params) == [f"svdq_k_{v.name}"]  # only this variant's kernels
+        assert v.params[f"svdq_k_{v.name}"][1] == (1, 8, 8)
+        assert v.requirements.n_multiple == v.knobs.tile_n and v.requirements.ptr_align == 16
+        assert v.host_args[0] == ("act", "ptr") and v.family == "sm90_w4a4" and v.knobs.stages == 2
+        assert v.entry == f"host_{v.name}"
+    assert m.config.name == "t" and m.config.file == "t.yaml"
+    assert m.config.sha256 == sha256_file(cfg)
+    assert m.generator.package == "svdq-aot" and m.generator.dsl == "nvidia-cutlass-dsl"
+    assert [(s.name, s.k, s.n) for s in m.shapes] == [("a", 256, 512), ("b", 128, 128)]
+    # round trip through the reader
+    again = read_manifest(out)
+    assert again == m
+    assert Manifest.from_json(again.to_json()) == m
+    assert len(verify_artifacts(again, out)) == 20
+
+
+def test_build_is_deterministic_and_rebuild_keeps_files(fake, cfg, tmp_path):
+    out = tmp_path / "art"
+    build(cfg, out)
+    first = (out / MANIFEST_NAME).read_bytes()
+    mtimes = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    build(cfg, out)
+    assert (out / MANIFEST_NAME).read_bytes() == first
+    for p in out.glob("*.cubin"):
+        assert p.stat().st_mtime_ns == mtimes[p.name]  # identical files are not rewritten
+
+
+def test_rebuild_removes_stale_files_after_manifest(fake, cfg, tmp_path):
+    out = tmp_path / "art"
+    build(cfg, out)
+    (out / "README.md").write_text("keep me")
+    (out / f"{A._TMP_PREFIX}junk.tmp").write_text("left by a killed build")
+    cfg.write_text(CFG.replace("ranks: [0, 32, 128]", "ranks: [32]"))
+    m = build(cfg, out)
+    assert len(m.variants) == 4
+    assert listing(out) == {MANIFEST_NAME, "README.md"} | {v.cubin for v in m.variants} | \
+        {v.host_program.file for v in m.variants}
+    verify_artifacts(read_manifest(out), out)
+
+
+def test_invalid_config_writes_nothing(fake, cfg, tmp_path):
+    cfg.write_text(CFG.replace("ranks: [0, 32, 128]", "ranks: [0, 33]"))
+    out = tmp_path / "art"
+    with pytest.raises(ConfigError, match=r"ranks\[1\]: 33"):
+        build(cfg, out)
+    assert not out.exists()
+
+
+def test_compile_failure_names_variant_and_leaves_no_manifest(fake, monkeypatch, cfg, tmp_path):
+    fam = make_fake_family()
+    real = fam.compile_variant
+    calls = []
+
+    def flaky(v, dump_dir):
+        calls.append(v)
+        if len(calls) == 4:
+            raise RuntimeError("ptxas exploded\nsecond line")
+        return real(v, dump_dir)
+
+    fam.compile_variant = flaky
+    install_fake(monkeypatch, fam)
+    out = tmp_path / "art"
+    with pytest.raises(BuildError) as ei:
+        build(cfg, out)
+    msg = str(ei.value)
+    assert calls[3].name in msg and "compile failed" in msg and "ptxas exploded second line" in msg
+    assert not (out / MANIFEST_NAME).exists()
+    assert not out.exists() or listing(out) == set()
+
+
+def test_interrupted_rebuild_keeps_old_manifest_consistent(fake, monkeypatch, cfg, tmp_path):
+    """Kill the write phase mid-way: whatever manifest is on disk matches its files."""
+    out = tmp_path / "art"
+    build(cfg, out)
+    old = (out / MANIFEST_NAME).read_bytes()
+
+    # Same variants, different bytes -> every host program conflicts with the old manifest.
+    monkeypatch.setattr(B, "_serialize_host", lambda c: {"entry": f"host_{c.name}", "v": 2})
+    writes = []
+    real_write = A.atomic_write_bytes
+
+    def dying_write(path, data):
+        writes.append(Path(path).name)
+        if len(writes) == 5:
+            raise KeyboardInterrupt("simulated kill")
+        return real_write(path, data)
+
+    monkeypatch.setattr(A, "atomic_write_bytes", dying_write)
+    with pytest.raises(KeyboardInterrupt):
+        build(cfg, out)
+    assert MANIFEST_NAME not in writes
+    if (out / MANIFEST_NAME).exists():  # if present it must still verify
+        verify_artifacts(read_manifest(out), out)
+    else:
+        assert old != b""
+    assert not list(out.glob(f"{A._TMP_PREFIX}*"))
+
+    # A build that does not conflict leaves the old manifest valid throughout.
+    monkeypatch.setattr(A, "atomic_write_bytes", real_write)
+    build(cfg, out)
+    verify_artifacts(read_manifest(out), out)
+
+
+def test_interrupted_build_into_fresh_dir_leaves_no_manifest(fake, monkeypatch, cfg, tmp_path):
+    out = tmp_path / "art"
+    real_write = A.atomic_write_bytes
+    n = []
+
+    def dying_write(path, data):
+        n.append(path)
+        if len(n) == 7:
+            raise OSError(28, "No space left on device")
+        return real_write(path, data)
+
+    monkeypatch.setattr(A, "atomic_write_bytes", dying_write)
+    with pytest.raises(OSError):
+        build(cfg, out)
+    assert not (out / MANIFEST_NAME).exists()
+    assert listing(out) == set()  # files written before the failure are discarded
+
+
+def test_serialization_failure_names_variant(fake, monkeypatch, cfg, tmp_path):
+    def bad(compiled):
+        if compiled.rank == 32:
+            raise ValueError("unsupported op llvm.fancy")
+        return {"ok": 1}
+
+    monkeypatch.setattr(B, "_serialize_host", bad)
+    with pytest.raises(BuildError, match=r"variant svdq_w4a4_sm_90a_bf16_r32_\S+: host program "
+                                         r"serialisation failed: ValueError: unsupported op llvm.fancy"):
+        build(cfg, tmp_path / "art")
+    assert not (tmp_path / "art").exists()
+
+
+def test_missing_param_info_fails(fake, monkeypatch, cfg, tmp_path):
+    monkeypatch.setattr(B, "_kernel_params", lambda cubin: {"something_else": []})
+    with pytest.raises(BuildError, match="has no parameter info in the cubin"):
+        build(cfg, tmp_path / "art")
+
+
+def test_coverage_gap_fails_before_compiling(fake, monkeypatch, cfg, tmp_path):
+    # only tile_n=256 divides N=768; rank 128 + tile_n 256 is rejected -> gap
+    cfg.write_text(CFG.replace("a: {k: 256, n: 512}", "a: {k: 256, n: 768}").replace("[128, 128, 64], ", "")
+                   .replace("b: {k: 128, n: 128}", "b: {k: 128, n: 256}"))
+    called = []
+    monkeypatch.setattr(B, "compile_one", lambda v: called.append(v))
+    with pytest.raises(BuildError) as ei:
+        build(cfg, tmp_path / "art")
+    msg = str(ei.value)
+    assert "shape a (K=256, N=768) has no valid variant for sm_90a bf16 rank 128" in msg
+    assert "SMEM budget exceeded" in msg
+    assert called == []
+
+
+def test_lock_refuses_concurrent_build(fake, cfg, tmp_path):
+    out = tmp_path / "art"
+    with A.ArtifactDir(out):
+        with pytest.raises(A.BuildLocked, match="another svdq-aot build is writing into this directory"):
+            build(cfg, out)
+    build(cfg, out)  # released
+
+
+def test_lock_released_when_holder_dies(tmp_path):
+    out = tmp_path / "art"
+    code = ("import sys, os; from svdq_aot.artifacts import ArtifactDir; "
+            "d = ArtifactDir(sys.argv[1]).__enter__(); os._exit(0)")
+    subprocess.run([sys.executable, "-c", code, str(out)], check=True)
+    with A.ArtifactDir(out):
+        pass
+
+
+def test_atomic_write(tmp_path):
+    p = tmp_path / "x.bin"
+    A.atomic_write_bytes(p, b"one")
+    A.atomic_write_bytes(p, b"two")
+    assert p.read_bytes() == b"two" and os.listdir(tmp_path) == ["x.bin"]
+
+
+def test_out_dir_is_a_file(fake, cfg, tmp_path):
+    f = tmp_path / "file"
+    f.write_text("")
+    with pytest.raises(NotADirectoryError):
+        build(cfg, f)
+
+
+# --------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------
+
+def test_cli_build_verify_variants(fake, cfg, tmp_path):
+    out = tmp_path / "art"
+    r = CliRunner().invoke(main, ["build", str(cfg), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "[ 1/10] " in r.output
+    assert "built 10 variant(s), rejected 2" in r.output and str(out) in r.output
+    assert "rejected svdq_w4a4_sm_90a_bf16_r128_wc1_b1_t128x256x64_c1x1_s2: SMEM" in r.output
+
+    r = CliRunner().invoke(main, ["verify", str(out)])
+    assert r.exit_code == 0 and "OK" in r.output and "20 file(s)" in r.output
+
+    r = CliRunner().invoke(main, ["variants", str(cfg)])
+    assert r.exit_code == 0
+    assert "10 valid, 2 rejected" in r.output and "SMEM budget" in r.output
+
+
+def test_cli_errors_are_one_line(fake, cfg, tmp_path):
+    cfg.write_text(CFG.replace("ranks: [0, 32, 128]", "ranks: [true]"))
+    r = CliRunner().invoke(main, ["build", str(cfg), "-o", str(tmp_path / "art")])
+    assert r.exit_code == 1
+    assert r.output.startswith("Error: ") and r.output.count("\n") == 1 and "ranks[0]" in r.output
+    assert "Traceback" not in r.output and not (tmp_path / "art").exists()
+
+    r = CliRunner().invoke(main, ["variants", str(cfg)])
+    assert r.exit_code == 1 and "ranks[0]" in r.output
+
+    r = CliRunner().invoke(main, ["build", str(tmp_path / "missing.yaml")])
+    assert r.exit_code == 1 and "not found" in r.output
+
+    r = CliRunner().invoke(main, ["verify", str(tmp_path / "nowhere")])
+    assert r.exit_code == 1 and "does not exist" in r.output
+
+
+def test_cli_build_failure_and_tamper(fake, monkeypatch, cfg, tmp_path):
+    out = tmp_path / "art"
+    assert CliRunner().invoke(main, ["build", str(cfg), "-o", str(out)]).exit_code == 0
+    victim = sorted(out.glob("*.cubin"))[0]
+    data = bytearray(victim.read_bytes())
+    data[5] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    r = CliRunner().invoke(main, ["verify", str(out)])
+    assert r.exit_code == 1 and victim.name in r.output and "sha256 mismatch" in r.output
+
+    monkeypatch.setattr(B, "_serialize_host", lambda c: (_ for _ in ()).throw(ValueError("nope")))
+    r = CliRunner().invoke(main, ["build", str(cfg), "-o", str(tmp_path / "b")])
+    assert r.exit_code == 1 and r.output.startswith("Error: variant svdq_w4a4_") and "Traceback" not in r.output
+
+
+def test_console_script_help():
+    exe = shutil.which("svdq-aot")
+    if exe is None:
+        pytest.skip("svdq-aot console script not installed (pip install -e .)")
+    r = subprocess.run([exe, "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "build" in r.stdout and "verify" in r.stdout
+
+
+# --------------------------------------------------------------------------
+# Real build (the actual kernel family, cross-compiled on the CPU)
+# --------------------------------------------------------------------------
+
+def _have(mod: str) -> bool:
+    try:
+        return importlib.util.find_spec(mod) is not None
+    except ImportError:
+        return False
+
+
+def _real_pieces_missing() -> str | None:
+    for mod in ("svdq_kernels.registry", "svdq_kernels.sm90_w4a4", "svdq_aot.host_ir",
+                "svdq_loader.cubin_info", "cutlass"):
+        if not _have(mod):
+            return f"{mod} not importable"
+    return None
+
+
+@pytest.fixture(scope="module")
+def tiny_build(tmp_path_factory):
+    why = _real_pieces_missing()
+    if why:
+        pytest.skip(why)
+    out = tmp_path_factory.mktemp("tiny") / "artifacts"
+    lines = []
+    m = build(TINY, out, jobs=2, progress=lines.append)  # jobs=2: exercises the process pool
+    return out, m, lines
+
+
+def test_real_tiny_build(tiny_build):
+    out, m, lines = tiny_build
+    assert len(m.variants) == 2 and len(lines) == 2
+    for v in m.variants:
+        cubin = (out / v.cubin).read_bytes()
+        assert cubin.startswith(b"\x7fELF") and sha256_file(out / v.cubin) == v.sha256
+        assert v.kernel_symbols and all(s in v.params and v.params[s] for s in v.kernel_symbols)
+        assert all("cutlass" not in s for s in v.kernel_symbols)
+        assert v.arch == "sm_90a" and v.family == "sm90_w4a4" and v.knobs.out_dtype == "bf16"
+        assert v.smem_bytes > 0
+        json.loads((out / v.host_program.file).read_text())
+    assert read_manifest(out) == m
+    assert Manifest.from_json(m.to_json()) == m
+    verify_artifacts(read_manifest(out), out)
+
+
+def test_real_tiny_tamper(tiny_build, tmp_path):
+    out, m, _ = tiny_build
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    v = m.variants[0]
+    p = copy / v.cubin
+    data = bytearray(p.read_bytes())
+    data[len(data) // 2] ^= 1
+    p.write_bytes(bytes(data))
+    with pytest.raises(ArtifactIntegrityError) as ei:
+        verify_artifacts(read_manifest(copy), copy)
+    assert v.cubin in str(ei.value) and v.sha256 in str(ei.value)
+
+
+def test_real_invalid_config_no_manifest(tmp_path):
+    why = _real_pieces_missing()
+    if why:
+        pytest.skip(why)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(TINY.read_text().replace("ranks: [0, 32]", "ranks: [0, 20]"))
+    out = tmp_path / "art"
+    with pytest.raises(ConfigError, match=r"bad.yaml: ranks\[1\]: 20"):
+        build(bad, out)
+    assert not (out / MANIFEST_NAME).exists()

@@ -1,0 +1,188 @@
+"""Config loading: every rule rejects with a message naming file, key path, value and rule."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from svdq_aot.config import ConfigError, load_config
+from test_variants import install_fake
+
+ROOT = Path(__file__).resolve().parents[1]
+
+BASE = {
+    "name": "t",
+    "archs": ["sm_90a"],
+    "out_dtypes": ["bf16"],
+    "ranks": [0, 32],
+    "wcscale": [True, False],
+    "bias": [True],
+    "shapes": {"qkv": {"k": 3072, "n": 9216}, "out": {"k": 3072, "n": 3072}},
+    "variants": {"sm_90a": {"tiles": [[128, 128, 64]], "clusters": [[1, 1]], "stages": ["auto"]}},
+}
+
+
+@pytest.fixture(autouse=True)
+def _fake(monkeypatch):
+    install_fake(monkeypatch)
+
+
+def write(tmp_path: Path, data=None, text: str | None = None, name="cfg.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(text if text is not None else yaml.safe_dump(data, sort_keys=False))
+    return p
+
+
+def mutate(fn) -> dict:
+    d = copy.deepcopy(BASE)
+    fn(d)
+    return d
+
+
+def err(tmp_path, data=None, text=None) -> str:
+    p = write(tmp_path, data, text)
+    with pytest.raises(ConfigError) as ei:
+        load_config(p)
+    msg = str(ei.value)
+    assert str(p) in msg, msg            # names the file
+    assert "\n" not in msg, msg          # one line
+    return msg
+
+
+def test_base_loads(tmp_path):
+    p = write(tmp_path, BASE)
+    c = load_config(p)
+    assert c.name == "t" and c.archs == ("sm_90a",) and c.ranks == (0, 32)
+    assert c.wcscale == (True, False) and c.bias == (True,)
+    assert [(s.name, s.k, s.n) for s in c.shapes] == [("qkv", 3072, 9216), ("out", 3072, 3072)]
+    assert c.variants["sm_90a"].tiles == ((128, 128, 64),)
+    assert c.variants["sm_90a"].stages == ("auto",)
+    assert len(c.sha256) == 64 and c.file_name == "cfg.yaml"
+    with pytest.raises(Exception):
+        c.name = "x"  # frozen
+
+
+def test_repo_configs_load():
+    flux = load_config(ROOT / "configs" / "flux.yaml")
+    assert flux.name == "flux"
+    assert flux.ranks == (0, 16, 32, 48, 64, 128)
+    assert set(flux.out_dtypes) == {"bf16", "fp16"}
+    assert {(s.name, s.k, s.n) for s in flux.shapes} == {
+        ("qkv", 3072, 9216), ("attn_out", 3072, 3072), ("mlp_fc1", 3072, 12288),
+        ("mlp_fc2", 12288, 3072), ("single_fused", 3072, 21504), ("single_out", 15360, 3072)}
+    assert set(flux.wcscale) == set(flux.bias) == {True, False}
+    tiny = load_config(ROOT / "configs" / "tiny.yaml")
+    assert len(tiny.out_dtypes) == 1 and tiny.ranks == (0, 32)
+
+
+@pytest.mark.parametrize("fn, path, value, rule", [
+    # unknown / missing keys
+    (lambda d: d.update(colour="red"), "colour", "'red'", "unknown key"),
+    (lambda d: d.pop("ranks"), "ranks", None, "missing key"),
+    (lambda d: d["variants"]["sm_90a"].update(warps=4), "variants.sm_90a.warps", "4", "unknown key"),
+    (lambda d: d["variants"]["sm_90a"].pop("stages"), "variants.sm_90a.stages", None, "missing key"),
+    (lambda d: d["shapes"]["qkv"].update(m=5), "shapes.qkv.m", "5", "unknown key"),
+    (lambda d: d["shapes"]["qkv"].pop("n"), "shapes.qkv.n", None, "missing key"),
+    (lambda d: d["variants"].pop("sm_90a"), "variants.sm_90a", None, "missing key"),
+    # wrong types (bools are not ints)
+    (lambda d: d.update(ranks=[True]), "ranks[0]", "True", "expected an integer"),
+    (lambda d: d.update(ranks="32"), "ranks", "'32'", "expected a list"),
+    (lambda d: d.update(wcscale=[1]), "wcscale[0]", "1", "expected true or false"),
+    (lambda d: d["variants"]["sm_90a"].update(tiles=[[True, 128, 64]]),
+     "variants.sm_90a.tiles[0]", "[True, 128, 64]", "3 positive integers"),
+    (lambda d: d["variants"]["sm_90a"].update(tiles=[[128, 128]]),
+     "variants.sm_90a.tiles[0]", "[128, 128]", "3 positive integers"),
+    (lambda d: d["variants"]["sm_90a"].update(clusters=[[1, 0]]),
+     "variants.sm_90a.clusters[0]", "[1, 0]", "2 positive integers"),
+    (lambda d: d["variants"]["sm_90a"].update(stages=["fast"]),
+     "variants.sm_90a.stages[0]", "'fast'", "'auto'"),
+    (lambda d: d["variants"]["sm_90a"].update(stages=[0]), "variants.sm_90a.stages[0]", "0", "positive"),
+    (lambda d: d["shapes"]["qkv"].update(k=3072.0), "shapes.qkv.k", "3072.0", "positive integer"),
+    (lambda d: d["shapes"]["qkv"].update(k=True), "shapes.qkv.k", "True", "positive integer"),
+    (lambda d: d.update(name=5), "name", "5", "expected a name"),
+    (lambda d: d.update(shapes=[1]), "shapes", "[1]", "mapping"),
+    # archs
+    (lambda d: d.update(archs=["sm_80"]), "archs[0]", "'sm_80'", "unknown arch"),
+    (lambda d: d.update(archs=["sm_100a"]), "archs[0]", "'sm_100a'", "sm_100a has no kernel family yet"),
+    (lambda d: d["variants"].update(sm_100a=d["variants"]["sm_90a"]), "variants.sm_100a", None,
+     "not listed in archs"),
+    # ranks
+    (lambda d: d.update(ranks=[0, 24]), "ranks[1]", "24", "multiple of 16"),
+    (lambda d: d.update(ranks=[-16]), "ranks[0]", "-16", "negative"),
+    # dtypes
+    (lambda d: d.update(out_dtypes=["fp32"]), "out_dtypes[0]", "'fp32'", "unknown dtype"),
+    # duplicates
+    (lambda d: d.update(ranks=[32, 32]), "ranks[1]", "32", "duplicate"),
+    (lambda d: d.update(out_dtypes=["bf16", "bf16"]), "out_dtypes[1]", "'bf16'", "duplicate"),
+    (lambda d: d.update(wcscale=[True, True]), "wcscale[1]", "True", "duplicate"),
+    (lambda d: d["variants"]["sm_90a"].update(tiles=[[128, 128, 64], [128, 128, 64]]),
+     "variants.sm_90a.tiles[1]", "[128, 128, 64]", "duplicate"),
+    (lambda d: d.update(archs=["sm_90a", "sm_90a"]), "archs[1]", "'sm_90a'", "duplicate"),
+    # empty lists
+    (lambda d: d.update(ranks=[]), "ranks", "[]", "empty list"),
+    (lambda d: d.update(bias=[]), "bias", "[]", "empty list"),
+    (lambda d: d["variants"]["sm_90a"].update(clusters=[]), "variants.sm_90a.clusters", "[]", "empty list"),
+    (lambda d: d.update(shapes={}), "shapes", "{}", "empty"),
+    # shapes
+    (lambda d: d["shapes"]["qkv"].update(k=0), "shapes.qkv.k", "0", "must be positive"),
+    (lambda d: d["shapes"]["qkv"].update(n=-128), "shapes.qkv.n", "-128", "must be positive"),
+    (lambda d: d["shapes"]["qkv"].update(n=9200), "shapes.qkv", "9200", "shape qkv"),
+    (lambda d: d["shapes"]["qkv"].update(k=3000), "shapes.qkv", "3000", "K % tile_k == 0"),
+])
+def test_rules(tmp_path, fn, path, value, rule):
+    msg = err(tmp_path, mutate(fn))
+    assert f": {path}:" in msg, msg
+    if value is not None:
+        assert value in msg, msg
+    assert rule in msg, msg
+
+
+def test_shape_served_by_some_tile_is_fine(tmp_path):
+    d = mutate(lambda d: d["variants"]["sm_90a"].update(tiles=[[128, 128, 64], [128, 64, 64]]))
+    d["shapes"]["odd"] = {"k": 3072, "n": 192}   # only tile_n=64 divides it
+    assert load_config(write(tmp_path, d)).shapes[-1].name == "odd"
+
+
+def test_all_problems_reported_together(tmp_path):
+    msg = err(tmp_path, mutate(lambda d: d.update(ranks=[24], out_dtypes=["fp8"])))
+    assert "2 problems" in msg and "ranks[0]" in msg and "out_dtypes[0]" in msg
+
+
+def test_malformed_yaml_names_line(tmp_path):
+    msg = err(tmp_path, text="name: t\narchs: [sm_90a\nout_dtypes: [bf16]\n")
+    assert "malformed YAML" in msg and "line" in msg
+
+
+def test_tab_indentation_is_malformed(tmp_path):
+    msg = err(tmp_path, text="name: t\nshapes:\n\tqkv: {k: 1, n: 1}\n")
+    assert "malformed YAML at line 3" in msg
+
+
+def test_duplicate_yaml_key(tmp_path):
+    text = yaml.safe_dump(BASE, sort_keys=False) + "ranks: [16]\n"
+    msg = err(tmp_path, text=text)
+    assert "ranks" in msg and "duplicate key" in msg and "line" in msg
+
+
+@pytest.mark.parametrize("text, what", [("- a\n- b\n", "list"), ("42\n", "int"), ("", "empty")])
+def test_top_level_not_mapping(tmp_path, text, what):
+    msg = err(tmp_path, text=text)
+    assert "(top level)" in msg and what in msg
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_no_python_objects(tmp_path):
+    # safe_load only: python tags are a YAML error, never executed
+    msg = err(tmp_path, text="name: !!python/object/apply:os.system ['true']\n")
+    assert "malformed YAML" in msg
+
+
+def test_yaml_on_off_are_bools(tmp_path):
+    text = yaml.safe_dump(BASE, sort_keys=False).replace("wcscale:\n- true\n- false", "wcscale: [on, off]")
+    assert load_config(write(tmp_path, text=text)).wcscale == (True, False)
