@@ -1,0 +1,363 @@
+"""The launch ABI, bit-exact against the DSL's own compiled host code.
+
+For small CuTe-DSL kernels (``tests/abi_kernels``) compiled for sm_90a on
+this CPU-only machine, the serialised host program interpreted by
+``svdq_loader.hostvm`` must produce exactly the launch that the DSL's own
+lowered host code makes when JIT-compiled and run on the CPU against a
+recording stub of the CUDA runtime (``abi_oracle``): kernel, grid, block,
+dynamic SMEM, stream, launch attributes and every defined kernel-parameter
+byte (bytes the DSL code never writes are stack garbage there and are
+excluded, see ``abi_oracle.defined_mask``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+
+import pytest
+
+pytest.importorskip("cutlass")  # build-time tests: need the DSL (no GPU)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import abi_oracle as O  # noqa: E402
+
+from svdq_aot.host_ir import HostIRError, serialize_module  # noqa: E402
+from svdq_loader.hostvm import HostProgram, HostVMError  # noqa: E402
+from svdq_loader.launch_plan import CachedLaunch, LaunchPlanCache  # noqa: E402
+
+KERNELS = ("simple", "tma", "persistent")
+N_RANDOM = 20
+
+
+def _scalars(name: str, rng: random.Random) -> list[int]:
+    if name == "simple":  # m, n
+        return [rng.choice([1, 127, 128, 129, rng.randrange(1, 1 << 20)]), rng.randrange(1, 5000)]
+    if name == "tma":  # m, n, k
+        return [rng.choice([1, 128, rng.randrange(1, 9000)]), rng.randrange(1, 9000), 8 * rng.randrange(1, 1200)]
+    if name == "persistent":  # m, n, k, max_clusters, extra smem
+        return [rng.randrange(1, 20000), rng.randrange(1, 20000), rng.randrange(1, 100000), rng.randrange(1, 200),
+                rng.choice([0, 0, rng.randrange(0, 300000)])]
+    raise AssertionError(name)
+
+
+def _ptr(rng: random.Random) -> int:
+    return rng.randrange(1 << 32, 1 << 47) & ~15
+
+
+def _args(b: O.Built, rng: random.Random, scal=None, *, zeros=False, unaligned=False) -> list:
+    sc = iter(scal if scal is not None else _scalars(b.name, rng))
+    out = []
+    for kind in b.kinds:
+        if kind == "ptr":
+            p = _ptr(rng)
+            if zeros and rng.random() < 0.3:
+                p = 0
+            elif unaligned and rng.random() < 0.3:
+                p |= rng.randrange(1, 16)
+            out.append(p)
+        elif kind == "stream":
+            out.append(rng.choice([0, 2, rng.randrange(1 << 20, 1 << 47)]))
+        else:
+            out.append(next(sc))
+    return out
+
+
+@pytest.fixture(scope="module", params=KERNELS)
+def built(request) -> O.Built:
+    return O.build(request.param)
+
+
+def test_serialised_program_shape(built):
+    doc = built.doc
+    text = json.dumps(doc)
+    assert doc["format"] == "svdq-host-ir" and doc["format_version"] == 1
+    assert "kernels_binary" not in text  # the fatbin is never serialised
+    assert len(text) < 200_000
+    assert doc["entry"] == built.compiled.function_name
+    assert set(doc["kernels"]) == set(built.sizes)  # the kernels the host code can launch are in the cubin
+    want = {"ptr": "ptr<1>", "stream": "ptr", "i32": "i32"}
+    assert built.program.arg_kinds == [want[k] for k in built.kinds]
+
+
+def test_launch_bytes_match_dsl_host_code(built):
+    rng = random.Random(1234 + KERNELS.index(built.name))
+    prog = built.program
+    for _ in range(N_RANDOM):
+        args = _args(built, rng)
+        vm = prog.launch(args, built.sizes)
+        dsl = O.dsl_oracle_launch(built.compiled, args, built.sizes)
+        amask, pmask = O.defined_mask(prog, args, built.sizes)
+        diffs = O.compare_records(vm, dsl, amask, pmask)
+        assert not diffs, f"{built.name} args={args}: " + "; ".join(diffs)
+        assert vm.stream == args[-1]
+        # everything that matters is defined: ids, grid etc. are compared outright;
+        # at most padding/unused bytes may be undefined
+        for (aid, _), m in zip(vm.attrs, amask):
+            assert all(m[:4]), (aid, m)  # every attribute value starts with a written int
+            if aid == 4:
+                assert all(m[:12])  # cluster dims
+        for p, m in zip(vm.params, pmask):
+            if len(p) == 128:  # TMA descriptor: the DSL writes the first 64 bytes
+                assert all(m[:64]), "TMA descriptor bytes left undefined"
+            else:
+                assert sum(m) >= len(p) - 4
+
+
+def test_launch_attributes(built):
+    rng = random.Random(7)
+    rec = built.program.launch(_args(built, rng), built.sizes)
+    ids = [a for a, _ in rec.attrs]
+    assert 2 in ids and 6 in ids  # cooperative = 0, programmatic stream serialisation = 0
+    if built.name == "tma":
+        assert rec.cluster == (2, 1, 1)
+        assert rec.smem == built.module.SMEM_BYTES
+    if built.name == "persistent":
+        assert rec.cluster == (1, 2, 1)
+    if built.name == "simple":
+        assert rec.cluster is None
+
+
+def test_grid_ceil_divides_dynamic_m():
+    b = O.build("simple")
+    for m in (1, 127, 128, 129, 1000, 1 << 20):
+        rec = b.program.launch([16, 32, m, 9, 0], b.sizes)
+        assert rec.grid == (-(-m // 128), 2, 1)
+        assert rec.block == (128, 1, 1)
+        # params: tensor A {ptr, m}, tensor C {ptr, m}, m, n, m*3-n
+        assert rec.params[0][:8] == (16).to_bytes(8, "little") and rec.params[0][8:12] == m.to_bytes(4, "little")
+        assert rec.params[4] == ((m * 3 - 9) & 0xFFFFFFFF).to_bytes(4, "little")
+
+
+def test_smem_warning_is_reported_like_the_dsl():
+    b = O.build("persistent")
+    args = [1 << 32, 1000, 1000, 64, 132, 240000, 0]
+    rec = b.program.launch(args, b.sizes)
+    assert "launch shared memory exceeds" in rec.printf
+    dsl = O.dsl_oracle_launch(b.compiled, args, b.sizes)  # prints, does not trap
+    amask, pmask = O.defined_mask(b.program, args, b.sizes)
+    assert not O.compare_records(rec, dsl, amask, pmask)
+    assert rec.smem == 240000 + 128
+
+
+def test_load_plan_matches_dsl(built):
+    rng = random.Random(99)
+    for dev in (0, 1, 3):
+        optin = rng.randrange(100_000, 232_449)
+        static = {k: rng.randrange(0, 5000) for k in built.sizes}
+        calls = []
+
+        def device_attr(attr, d, _o=optin):
+            calls.append(("dev", attr, d))
+            return _o if attr == 97 else 0
+
+        def kernel_attr(name, attr, d):
+            calls.append(("k", name, attr, d))
+            return static[name] if attr == 1 else 0
+
+        vm = built.program.load_plan(device_attr, kernel_attr, dev)
+        vm_calls = list(calls)
+        calls.clear()
+        dsl = O.dsl_oracle_load_plan(built.compiled, device_attr, kernel_attr, dev)
+        assert vm == dsl
+        assert vm_calls == calls
+        (k,) = built.sizes
+        assert (k, 8, optin - static[k]) in vm  # max dynamic smem = opt-in limit - static smem
+        assert (k, 14, 1) in vm  # non-portable cluster sizes allowed
+
+
+def test_launch_plan_cache_patches_exactly(built):
+    rng = random.Random(55)
+    cache = LaunchPlanCache(built.program, built.ptr_idx, built.sizes)
+    shapes = [_scalars(built.name, rng) for _ in range(3)]
+    for i in range(120):
+        args = _args(built, rng, rng.choice(shapes), zeros=i % 3 == 0, unaligned=i % 5 == 0)
+        got = cache.get(args)
+        rec = got.record() if isinstance(got, CachedLaunch) else got
+        want = built.program.launch(args, built.sizes)
+        assert rec == want, (built.name, args)
+    st = cache.stats()
+    assert st["hits"] > 40 and st["unpatchable"] == 0, st
+
+
+def test_launch_plan_cache_against_dsl(built):
+    rng = random.Random(77)
+    cache = LaunchPlanCache(built.program, built.ptr_idx, built.sizes)
+    scal = _scalars(built.name, rng)
+    for i in range(8):
+        args = _args(built, rng, scal, zeros=i >= 4)
+        got = cache.get(args)
+        rec = got.record() if isinstance(got, CachedLaunch) else got
+        dsl = O.dsl_oracle_launch(built.compiled, args, built.sizes)
+        amask, pmask = O.defined_mask(built.program, args, built.sizes)
+        assert not O.compare_records(rec, dsl, amask, pmask), args
+
+
+def test_tma_pointers_are_alignment_sensitive_in_the_cache():
+    b = O.build("tma")
+    cache = LaunchPlanCache(b.program, b.ptr_idx, b.sizes)
+    args = [1 << 36, 2 << 36, 3 << 36, 1000, 2000, 512, 0x1234]
+    e = cache.entry_for(args)
+    assert isinstance(e, CachedLaunch)
+    assert len(e.slots) == 3 and e.stream_pos == 3
+    # descriptors store addr>>4<<4: an unaligned pointer must not be patched in
+    odd = list(args)
+    odd[1] += 8
+    assert cache.get(odd).__class__ is not CachedLaunch
+    assert cache.get(odd) == b.program.launch(odd, b.sizes)
+
+
+# ---------------------------------------------------------------------------
+# op coverage: hand-written LLVM dialect vs the MLIR ExecutionEngine
+# ---------------------------------------------------------------------------
+
+ZOO = {"arith32": (("i32", "i32"), "i64"), "div": (("i64", "i32"), "i64"), "cmp": (("i16", "i16"), "i32"),
+       "mem": (("i64", "i32", "i8"), "i64"), "flow": (("i32", "i32"), "i32"),
+       "fbits": (("i32", "i32"), "i64")}
+
+
+def test_ops_zoo_matches_llvm():
+    import ctypes
+
+    from cutlass._mlir import ir
+    from cutlass._mlir.execution_engine import ExecutionEngine
+
+    text = open(os.path.join(os.path.dirname(__file__), "abi_kernels", "ops_zoo.mlir")).read()
+    with ir.Context():
+        doc = serialize_module(ir.Module.parse(text), "flow", also=list(ZOO))
+        engine = ExecutionEngine(ir.Module.parse(text), opt_level=2, shared_libs=[])
+    prog = HostProgram.from_dict(json.loads(json.dumps(doc)))
+    ct = {"i8": ctypes.c_uint8, "i16": ctypes.c_uint16, "i32": ctypes.c_uint32, "i64": ctypes.c_uint64}
+
+    def jit(name, args):
+        ats, rt = ZOO[name]
+        store = [ct[t](v) for t, v in zip(ats, args)] + [ct[rt](0)]
+        arr = (ctypes.c_void_p * len(store))(*[ctypes.addressof(v) for v in store])
+        ctypes.CFUNCTYPE(None, ctypes.c_void_p)(engine.raw_lookup(name))(arr)
+        return store[-1].value
+
+    rng = random.Random(2024)
+
+    def val(t):
+        w = int(t[1:])
+        return rng.choice([0, 1, (1 << w) - 1, 1 << (w - 1), rng.randrange(1 << w), rng.randrange(100)])
+
+    n = 0
+    for name, (ats, _) in ZOO.items():
+        for _ in range(200):
+            args = [val(t) for t in ats]
+            if name == "div" and (args[0] == 0 or args[1] == 0 or (args[0] & 0xFFFFFFFF == 1 << 31 and args[1] == 0xFFFFFFFF)):
+                continue
+            if name == "flow":
+                args = [rng.randrange(0, 40), rng.choice([0, 1, 3, 7])]
+            assert prog.call(name, args) == jit(name, args), (name, args)
+            n += 1
+    assert n > 800
+
+
+# ---------------------------------------------------------------------------
+# unsupported constructs fail the build, naming op and function
+# ---------------------------------------------------------------------------
+
+_BAD = """
+module {
+  llvm.func @cuTensorMapEncodeTiled(!llvm.ptr) -> i32
+  llvm.mlir.global internal constant @kernels_binary("\\7FELF") {addr_space = 0 : i32} : !llvm.array<4 x i8>
+  llvm.func @cuda_load_to_device(%arg0: !llvm.ptr, %arg1: i32) -> i32 {
+    %0 = llvm.mlir.constant(0 : i32) : i32
+    llvm.return %0 : i32
+  }
+  llvm.func @host_float(%a: f32) -> i32 {
+    %0 = llvm.fadd %a, %a : f32
+    %1 = llvm.mlir.constant(0 : i32) : i32
+    llvm.return %1 : i32
+  }
+  llvm.func @host_ext(%a: !llvm.ptr) -> i32 {
+    %0 = llvm.call @cuTensorMapEncodeTiled(%a) : (!llvm.ptr) -> i32
+    llvm.return %0 : i32
+  }
+  llvm.func @host_fatbin() -> i32 {
+    %0 = llvm.mlir.addressof @kernels_binary : !llvm.ptr
+    %1 = llvm.mlir.constant(0 : i32) : i32
+    llvm.return %1 : i32
+  }
+  llvm.func @host_vec(%a: vector<4xi32>) -> i32 {
+    %1 = llvm.mlir.constant(0 : i32) : i32
+    llvm.return %1 : i32
+  }
+}
+"""
+
+
+@pytest.mark.parametrize(
+    "entry,match",
+    [
+        ("host_float", r"unsupported op 'llvm.fadd' in function @host_float"),
+        ("host_ext", r"unsupported external function @cuTensorMapEncodeTiled in function @host_ext"),
+        ("host_fatbin", r"kernels_binary.*in function @host_fatbin"),
+        ("host_vec", r"unsupported type .*vector"),
+    ],
+)
+def test_unsupported_constructs_fail_the_build(entry, match):
+    from cutlass._mlir import ir
+
+    with ir.Context():
+        module = ir.Module.parse(_BAD)
+        with pytest.raises(HostIRError, match=match):
+            serialize_module(module, entry)
+
+
+def test_vm_refuses_wrong_arg_count():
+    b = O.build("simple")
+    with pytest.raises(HostVMError, match="takes 5 arguments"):
+        b.program.launch([1, 2, 3])
+
+
+# ---------------------------------------------------------------------------
+# the project's own sm_90a kernel, when its family is importable
+# ---------------------------------------------------------------------------
+
+
+def test_project_sm90_kernel_matches_dsl(tmp_path):
+    try:
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        import importlib
+
+        try:
+            K = importlib.import_module("svdq_kernels.sm90_w4a4")
+        except ImportError:
+            import importlib.util
+
+            root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernel_src")
+            spec = importlib.util.spec_from_file_location("svdq_kernels", os.path.join(root, "__init__.py"),
+                                                          submodule_search_locations=[root])
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules["svdq_kernels"] = mod
+            spec.loader.exec_module(mod)
+            K = importlib.import_module("svdq_kernels.sm90_w4a4")
+        from svdq_aot.variants import Variant
+
+        v = Variant(arch="sm_90a", out_dtype="bf16", rank=32, wcscale=True, bias=True, tile_m=128, tile_n=128,
+                    tile_k=64, stages=2)
+        cv = K.compile_variant(v, str(tmp_path))
+    except Exception as e:  # the family is someone else's work in progress
+        pytest.skip(f"project sm90 kernel not available: {type(e).__name__}: {e}")
+    from svdq_aot.host_ir import serialize_host
+    from svdq_loader.cubin_info import param_sizes
+
+    sizes = param_sizes(cv.cubin)
+    prog = HostProgram.from_dict(json.loads(json.dumps(serialize_host(cv.compiled))))
+    rng = random.Random(5)
+    nptr = sum(1 for k in prog.arg_kinds if k == "ptr<1>")
+    for _ in range(10):
+        args = [_ptr(rng) for _ in range(nptr)] + [rng.randrange(1, 9000), 128 * rng.randrange(1, 100),
+                                                   64 * rng.randrange(1, 100), rng.randrange(0, 1 << 47)]
+        vm = prog.launch(args, sizes)
+        dsl = O.dsl_oracle_launch(cv.compiled, args, sizes)
+        amask, pmask = O.defined_mask(prog, args, sizes)
+        assert not O.compare_records(vm, dsl, amask, pmask)
+    dev = lambda a, d: 232448 if a == 97 else 0  # noqa: E731
+    kat = lambda k, a, d: 0  # noqa: E731
+    assert prog.load_plan(dev, kat, 0) == O.dsl_oracle_load_plan(cv.compiled, dev, kat, 0)
