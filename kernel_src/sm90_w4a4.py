@@ -1,0 +1,802 @@
+"""SVDQuant W4A4 (NVFP4) GEMM for Hopper, ``sm_90a`` -- CuTe-DSL, build time only.
+
+Operator (fp32 accumulation)::
+
+    y[m, n] = (sum_k A[m,k] * W[n,k]) * wcscale[n] + bias[n]
+              + sum_r lora_act_in[m,r] * lora_up[n,r]
+    A[m,k]  = e2m1(act nibble)  * e4m3(ascales[m, k//16])
+    W[n,k]  = e2m1(wgt nibble)  * e4m3(wscales[n, k//16])
+
+Hopper has no FP4 tensor cores, so both operands are dequantized *exactly* to
+fp16 (an E2M1 value times an E4M3 scale has at most 6 significant bits and lies
+in [2^-10, 2688]) and multiplied with the warp-level ``mma.sync`` 16x8x16 fp16
+instruction, fp32 accumulation.
+
+This is the simplest correct form of the kernel (speed is a later issue):
+
+* one CTA computes one ``tile_m x tile_n`` output tile; 128 threads = 4 warps
+  in a 2x2 layout; grid = (ceil(m / tile_m), n / tile_n, 1);
+* per k-tile every thread loads whole 16-byte chunks of packed nibbles (32 k
+  values) plus their two scale bytes into registers, decodes them with
+  integer ops, and stores fp16 into a padded K-major SMEM tile (row pitch
+  ``tile_k + 8`` elements, so ``ldmatrix`` reads are bank-conflict free);
+  ``stages`` SMEM buffers (1 or 2); the next k-tile's raw bytes are loaded
+  into registers before the MMAs of the current one;
+* ``ldmatrix`` + ``mma.sync`` over the SMEM tile (as in the Ampere example);
+* after the K loop: ``acc *= wcscale[n]`` (optional), then the LoRA MMAs
+  (``lora_act_in`` / ``lora_up`` are already 16-bit: copied to SMEM, which
+  re-uses the main-loop buffers, then ``mma.sync`` in the output dtype), then
+  ``+ bias[n]`` (optional), convert, predicated store of rows < m.
+
+Launch ABI: the host function takes 9 pointers + m, n, k + stream and passes
+the 9 pointers and m, n, k straight to the kernel (12 kernel parameters:
+9 x u64 at offsets 0..64, then 3 x i32 at 72, 76, 80; no descriptors).  All
+tensors are built inside the kernel from the pointers and the dynamic m/n/k.
+grid = (ceil(m / tile_m), n / tile_n, 1), block = (128, 1, 1), dynamic SMEM =
+``smem_bytes_for(variant)``, no cluster.
+
+Preconditions (the loader enforces them; the kernel does not check):
+pointers 16-byte aligned, tensors contiguous row-major, m >= 1,
+n % tile_n == 0, k % tile_k == 0, and every element offset fits in int32:
+m*n, m*k/2 and n*k/2 < 2^31.  Pointers of disabled features (rank 0: LoRA;
+wcscale/bias off) may be 0 -- they are never dereferenced.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+import warnings
+from typing import Any, Optional
+
+import cuda.bindings.driver as cuda
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import BFloat16, Float16, Float32, Int32, Uint8
+from cutlass.cute.runtime import make_ptr
+
+__all__ = [
+    "HOST_ARGS",
+    "SUPPORTED",
+    "DEFAULT_TILE",
+    "DEFAULT_STAGES",
+    "threads_for",
+    "CompiledVariant",
+    "resource_problem",
+    "compile_variant",
+    "kernel_name_for",
+    "smem_bytes_for",
+    "cubin_resource_usage",
+    "SMEM_LIMIT_BYTES",
+]
+
+# ---------------------------------------------------------------------------
+# Public constants
+# ---------------------------------------------------------------------------
+
+#: Host-function arguments, in order, with their ABI kind.
+HOST_ARGS: tuple[tuple[str, str], ...] = (
+    ("act", "ptr"),
+    ("ascales", "ptr"),
+    ("wgt", "ptr"),
+    ("wscales", "ptr"),
+    ("lora_act_in", "ptr"),
+    ("lora_up", "ptr"),
+    ("wcscale", "ptr"),
+    ("bias", "ptr"),
+    ("out", "ptr"),
+    ("m", "i32"),
+    ("n", "i32"),
+    ("k", "i32"),
+    ("stream", "stream"),
+)
+
+#: Knob values this kernel supports.
+SUPPORTED: dict[str, tuple] = dict(
+    tile_m=(64, 128),
+    tile_n=(64, 128),
+    tile_k=(32, 64, 128),
+    stages=(1, 2),
+    cluster=((1, 1),),
+    ranks=(0, 16, 32, 48, 64, 128),
+    out_dtypes=("fp16", "bf16"),
+    wcscale=(False, True),
+    bias=(False, True),
+)
+
+DEFAULT_TILE = (128, 128, 64)
+DEFAULT_STAGES = 2
+
+_MMA_SHAPE = (16, 8, 16)  # mma.sync.m16n8k16
+_SMEM_PAD = 8  # 16-bit elements of padding per SMEM row (16 bytes)
+_SMEM_ALIGN = 128
+#: Dynamic SMEM one CTA may use on sm_90 (228 KiB per SM minus 1 KiB reserved).
+SMEM_LIMIT_BYTES = 227 * 1024
+_CHUNK_K = 32  # k values per 16-byte chunk of packed nibbles
+_OUT_DTYPES = {"fp16": Float16, "bf16": BFloat16}
+_ARCHS = ("sm_90a",)
+
+
+# ---------------------------------------------------------------------------
+# Exact decoders (integer ops + selects; plain trace-time helpers)
+# ---------------------------------------------------------------------------
+
+
+def _e2m1_to_f32(nib):
+    """E2M1 nibble (Int32 in [0, 15]) -> exact Float32.
+
+    bit 3 = sign, bits 0-2 index {0, 0.5, 1, 1.5, 2, 3, 4, 6}.  For index
+    i >= 2 the fp32 bit pattern is (i << 22) + bits(0.5): exponent
+    126 + (i >> 1), top mantissa bit i & 1.  i = 1 is 0.5, i = 0 is 0.
+    """
+    i = nib & 7
+    half = Int32(0x3F000000)  # 0.5f
+    mag = cutlass.select_(i < 2, i * half, (i << 22) + half)
+    bits = Int32(mag) | ((nib & 8) << 28)
+    return bits.bitcast(Float32)
+
+
+def _e4m3_to_f32(byte):
+    """E4M3FN byte (Int32 in [0, 255]) -> exact Float32 (NaN codes not handled).
+
+    Normal (exp > 0): 2^(exp-7) * (1 + mant/8)  -> fp32 bits
+    ((exp + 120) << 23) | (mant << 20) == ((byte & 0x7F) << 20) + (120 << 23).
+    Subnormal (exp == 0): mant * 2^-9.
+    """
+    em = byte & 0x7F
+    mant = em & 7
+    normal = ((em << 20) + Int32(120 << 23)).bitcast(Float32)
+    subnormal = Float32(mant) * Float32(1.0 / 512.0)
+    mag = Float32(cutlass.select_((em >> 3) == 0, subnormal, normal))
+    return Float32(cutlass.select_((byte & 0x80) != 0, -mag, mag))
+
+
+# ---------------------------------------------------------------------------
+# Configuration
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cfg:
+    out_dtype: str
+    rank: int
+    wcscale: bool
+    bias: bool
+    tile_m: int
+    tile_n: int
+    tile_k: int
+    stages: int
+
+
+def _cfg_of(variant: Any) -> _Cfg:
+    return _Cfg(
+        out_dtype=str(variant.out_dtype),
+        rank=int(variant.rank),
+        wcscale=bool(variant.wcscale),
+        bias=bool(variant.bias),
+        tile_m=int(variant.tile_m),
+        tile_n=int(variant.tile_n),
+        tile_k=int(variant.tile_k),
+        stages=int(getattr(variant, "stages", 1)),
+    )
+
+
+def _warp_layout(cfg: _Cfg) -> tuple[int, int, int]:
+    """Warps along (M, N, K): 4 warps in a 2x2 layout for every tile.
+
+    Measured on an H200 (128x128x64, 2 stages): 8 warps (4x2, ~151 registers)
+    fit only one CTA per SM and ran ~20 % slower than 4 warps (255 registers,
+    two CTAs per SM), so 4 warps it is.
+    """
+    return (2, 2, 1)
+
+
+def _threads(cfg: _Cfg) -> int:
+    wm, wn, wk = _warp_layout(cfg)
+    return 32 * wm * wn * wk
+
+
+def _mma_perm(cfg: _Cfg) -> tuple[int, int, int]:
+    """Tiled-MMA permutation: N doubled so that one ldmatrix.x4 feeds 16 columns."""
+    wm, wn, _ = _warp_layout(cfg)
+    return (wm * _MMA_SHAPE[0], wn * _MMA_SHAPE[1] * 2, _MMA_SHAPE[2])
+
+
+def _smem_plan(cfg: _Cfg) -> dict[str, int]:
+    """Element counts / byte offsets of the SMEM buffers.
+
+    The kernel builds its SMEM layouts from these same numbers and asserts at
+    trace time that ``cute.cosize`` of each layout fits in the planned count
+    (the planned count also covers the unused padding of the last row).
+    Main loop: sA (tile_m, tile_k + pad, stages) and sB (tile_n, ...), fp16.
+    LoRA (after the main loop, re-using the same bytes): sLA (tile_m, R + pad)
+    and sLU (tile_n, R + pad) in the output dtype.
+    """
+    pitch = cfg.tile_k + _SMEM_PAD
+    a = cfg.tile_m * pitch * cfg.stages
+    b = cfg.tile_n * pitch * cfg.stages
+    main_bytes = 2 * (a + b)
+    if cfg.rank > 0:
+        lpitch = cfg.rank + _SMEM_PAD
+        la = cfg.tile_m * lpitch
+        lu = cfg.tile_n * lpitch
+    else:
+        lpitch = la = lu = 0
+    lora_bytes = 2 * (la + lu)
+    total = max(main_bytes, lora_bytes)
+    total = (total + _SMEM_ALIGN - 1) // _SMEM_ALIGN * _SMEM_ALIGN
+    return dict(
+        pitch=pitch, a_elems=a, b_elems=b, b_offset=2 * a,
+        lpitch=lpitch, la_elems=la, lu_elems=lu, lu_offset=2 * la,
+        main_bytes=main_bytes, lora_bytes=lora_bytes, total_bytes=total,
+    )
+
+
+def _knob_problem(cfg: _Cfg) -> Optional[str]:
+    if cfg.out_dtype not in SUPPORTED["out_dtypes"]:
+        return f"out_dtype {cfg.out_dtype!r} not in {SUPPORTED['out_dtypes']}"
+    if cfg.rank not in SUPPORTED["ranks"]:
+        return f"rank {cfg.rank} not in {SUPPORTED['ranks']}"
+    for knob in ("tile_m", "tile_n", "tile_k", "stages"):
+        val = getattr(cfg, knob)
+        if val not in SUPPORTED[knob]:
+            return f"{knob}={val} not in {SUPPORTED[knob]}"
+    # Every thread handles whole 16-byte chunks (32 k values) of A and W.
+    cpr = cfg.tile_k // _CHUNK_K
+    threads = _threads(cfg)
+    perm = _mma_perm(cfg)
+    for name, rows, ext in (("tile_m", cfg.tile_m, perm[0]), ("tile_n", cfg.tile_n, perm[1])):
+        if (rows * cpr) % threads:
+            return (
+                f"{name}*tile_k/32 = {rows * cpr} is not a multiple of "
+                f"{threads} threads"
+            )
+        if rows % ext:
+            return f"{name}={rows} is not a multiple of the tiled-MMA extent {ext}"
+        if cfg.rank and (rows * cfg.rank // 8) % threads:
+            return f"{name}*rank/8 = {rows * cfg.rank // 8} is not a multiple of {threads} threads"
+    return None
+
+
+def _problem(cfg: _Cfg) -> Optional[str]:
+    reason = _knob_problem(cfg)
+    if reason:
+        return reason
+    plan = _smem_plan(cfg)
+    if plan["total_bytes"] > SMEM_LIMIT_BYTES:
+        return (
+            f"needs {plan['total_bytes']} B of dynamic SMEM "
+            f"(main loop {plan['main_bytes']} B, LoRA {plan['lora_bytes']} B), "
+            f"more than the {SMEM_LIMIT_BYTES} B an sm_90 CTA may use"
+        )
+    return None
+
+
+def kernel_name_for(variant: Any) -> str:
+    """Kernel-symbol prefix (the DSL appends ``_0``); never contains 'cutlass'."""
+    c = _cfg_of(variant)
+    return (
+        f"svdq_w4a4_sm90_{c.out_dtype}_r{c.rank}_wc{int(c.wcscale)}_b{int(c.bias)}"
+        f"_t{c.tile_m}x{c.tile_n}x{c.tile_k}_s{c.stages}"
+    )
+
+
+def threads_for(variant: Any) -> int:
+    """Threads per CTA (block.x) of this variant."""
+    return _threads(_cfg_of(variant))
+
+
+def smem_bytes_for(variant: Any) -> int:
+    """Dynamic SMEM bytes the host function requests for this variant."""
+    return _smem_plan(_cfg_of(variant))["total_bytes"]
+
+
+# ---------------------------------------------------------------------------
+# The kernel
+# ---------------------------------------------------------------------------
+
+
+class _Sm90W4A4:
+    """One instance per variant; all attributes are trace-time constants."""
+
+    def __init__(self, cfg: _Cfg):
+        reason = _problem(cfg)
+        if reason:
+            raise ValueError(f"unsupported sm90 W4A4 variant: {reason}")
+        self.cfg = cfg
+        self.tm, self.tn, self.tk = cfg.tile_m, cfg.tile_n, cfg.tile_k
+        self.stages = cfg.stages
+        self.rank = cfg.rank
+        self.has_wcscale = cfg.wcscale
+        self.has_bias = cfg.bias
+        self.out_dtype = _OUT_DTYPES[cfg.out_dtype]
+        self.plan = _smem_plan(cfg)
+        self.smem_bytes = self.plan["total_bytes"]
+        self.threads = _threads(cfg)
+        self.warp_layout = _warp_layout(cfg)
+        self.mma_perm = _mma_perm(cfg)
+        self.cpr = self.tk // _CHUNK_K  # 16-byte chunks per row per k-tile
+        self.chunks_a = self.tm * self.cpr // self.threads  # per thread
+        self.chunks_b = self.tn * self.cpr // self.threads
+        if self.rank:
+            self.lvec = self.rank // 8  # 16-byte vectors per LoRA row
+            self.lvec_a = self.tm * self.lvec // self.threads
+            self.lvec_b = self.tn * self.lvec // self.threads
+
+    # -- host function ------------------------------------------------------
+    @cute.jit
+    def __call__(
+        self,
+        act: cute.Pointer,
+        ascales: cute.Pointer,
+        wgt: cute.Pointer,
+        wscales: cute.Pointer,
+        lora_act_in: cute.Pointer,
+        lora_up: cute.Pointer,
+        wcscale: cute.Pointer,
+        bias: cute.Pointer,
+        out: cute.Pointer,
+        m: cutlass.Int32,
+        n: cutlass.Int32,
+        k: cutlass.Int32,
+        stream: cuda.CUstream,
+    ):
+        grid_m = (m + (self.tm - 1)) // self.tm
+        grid_n = n // self.tn
+        self.kernel(
+            act, ascales, wgt, wscales, lora_act_in, lora_up, wcscale, bias, out,
+            m, n, k,
+        ).launch(
+            grid=[grid_m, grid_n, 1],
+            block=[self.threads, 1, 1],
+            smem=self.smem_bytes,
+            stream=stream,
+        )
+
+    # -- trace-time helpers (plain Python: no dynamic control flow inside) ---
+    def _smem_tile_layout(self, rows: int, pitch: int, cols: int, stages: int):
+        """(rows, cols, stages) K-major tile with a padded row pitch."""
+        return cute.make_layout(
+            (rows, cols, stages), stride=(pitch, 1, rows * pitch)
+        )
+
+    def _load_raw(self, mQ, mS, rows_ld, kcs, nchunks, kt, raw, scl):
+        """Global -> registers: the 16 packed bytes and 2 scale bytes of each
+        of this thread's chunks of k-tile ``kt``."""
+        for i in range(nchunks):
+            src = cute.local_tile(mQ, (1, 16), (rows_ld[i], kt * self.cpr + kcs[i]))
+            cute.autovec_copy(src, raw[i])
+            g = kt * (self.tk // 16) + kcs[i] * 2  # scale group of the chunk's k0
+            scl[i][0] = mS[rows_ld[i], g]
+            scl[i][1] = mS[rows_ld[i], g + 1]
+
+    def _dequant_store(self, sX, rows, kcs, valid, nchunks, stage, raw, scl, deq):
+        """Registers -> SMEM: decode each chunk to 32 fp16 values (k order)
+        and store them at (row, kc*32 .. kc*32+31) of SMEM stage ``stage``."""
+        for i in range(nchunks):
+            s0 = _e4m3_to_f32(Int32(scl[i][0]) & 0xFF)
+            s1 = _e4m3_to_f32(Int32(scl[i][1]) & 0xFF)
+            if valid is not None:  # rows >= m read as zero
+                s0 = Float32(cutlass.select_(valid[i], s0, Float32(0.0)))
+                s1 = Float32(cutlass.select_(valid[i], s1, Float32(0.0)))
+            for j in range(16):
+                byte = Int32(raw[i][0, j]) & 0xFF
+                s = s0 if j < 8 else s1  # bytes 0-7: k 0-15, bytes 8-15: k 16-31
+                lo = _e2m1_to_f32(byte & 0xF) * s  # even k
+                hi = _e2m1_to_f32(byte >> 4) * s  # odd k
+                deq[i][0, 2 * j] = lo.to(Float16)
+                deq[i][0, 2 * j + 1] = hi.to(Float16)
+            dst = cute.local_tile(sX[None, None, stage], (1, _CHUNK_K), (rows[i], kcs[i]))
+            cute.autovec_copy(deq[i], dst)
+
+    def _mma_tile(self, tiled_mma, s2r_a, s2r_b, tXsA, tXrA, tXsB, tXrB,
+                  tCrA, tCrB, acc, nkb, stage):
+        """acc += A_tile * B_tile^T over ``nkb`` 16-wide k-blocks in SMEM."""
+        for kb in range(nkb):
+            if stage is None:
+                cute.copy(s2r_a, tXsA[None, None, kb], tXrA[None, None, kb])
+                cute.copy(s2r_b, tXsB[None, None, kb], tXrB[None, None, kb])
+            else:
+                cute.copy(s2r_a, tXsA[None, None, kb, stage], tXrA[None, None, kb])
+                cute.copy(s2r_b, tXsB[None, None, kb, stage], tXrB[None, None, kb])
+            cute.gemm(tiled_mma, acc, tCrA[None, None, kb], tCrB[None, None, kb], acc)
+
+    # -- device kernel ------------------------------------------------------
+    @cute.kernel
+    def kernel(
+        self,
+        p_act: cute.Pointer,
+        p_asc: cute.Pointer,
+        p_wgt: cute.Pointer,
+        p_wsc: cute.Pointer,
+        p_la: cute.Pointer,
+        p_lu: cute.Pointer,
+        p_wc: cute.Pointer,
+        p_bias: cute.Pointer,
+        p_out: cute.Pointer,
+        m: cutlass.Int32,
+        n: cutlass.Int32,
+        k: cutlass.Int32,
+    ):
+        tm, tn, tk = self.tm, self.tn, self.tk
+        plan = self.plan
+        tidx, _, _ = cute.arch.thread_idx()
+        bid_m, bid_n, _ = cute.arch.block_idx()
+        m0 = bid_m * tm
+        n0 = bid_n * tn
+
+        # ---- global tensors (row-major, built from the raw pointers) ------
+        kh = cute.assume(k // 2, divby=tk // 2)  # packed bytes per row
+        kg = cute.assume(k // 16, divby=tk // 16)  # scale groups per row
+        mAct = cute.make_tensor(p_act, cute.make_layout((m, kh), stride=(kh, 1)))
+        mAsc = cute.make_tensor(p_asc, cute.make_layout((m, kg), stride=(kg, 1)))
+        mWgt = cute.make_tensor(p_wgt, cute.make_layout((n, kh), stride=(kh, 1)))
+        mWsc = cute.make_tensor(p_wsc, cute.make_layout((n, kg), stride=(kg, 1)))
+        mOut = cute.make_tensor(p_out, cute.make_layout((m, n), stride=(n, 1)))
+
+        # ---- shared memory: one raw buffer, typed views on top ------------
+        smem = cutlass.memory.SmemAllocator()
+        base = smem.allocate(plan["total_bytes"], byte_alignment=_SMEM_ALIGN)
+        lay_a = self._smem_tile_layout(tm, plan["pitch"], tk, self.stages)
+        lay_b = self._smem_tile_layout(tn, plan["pitch"], tk, self.stages)
+        assert cute.cosize(lay_a) <= plan["a_elems"]
+        assert cute.cosize(lay_b) <= plan["b_elems"]
+        sA = cute.make_tensor(cute.recast_ptr(base, dtype=Float16), lay_a)
+        sB = cute.make_tensor(
+            cute.recast_ptr(base + plan["b_offset"], dtype=Float16), lay_b
+        )
+
+        # ---- this thread's chunks: chunk c = tidx + i*T -> (row, kc) ------
+        rows_a = []
+        rows_a_ld = []
+        kcs_a = []
+        valid_a = []
+        raw_a = []
+        scl_a = []
+        deq_a = []
+        for i in cutlass.range_constexpr(self.chunks_a):
+            c = tidx + i * self.threads
+            r = c // self.cpr
+            rows_a.append(r)
+            kcs_a.append(c % self.cpr)
+            valid_a.append((m0 + r) < m)
+            rows_a_ld.append(cutlass.min(m0 + r, m - 1))  # clamp: never read OOB
+            raw_a.append(cute.make_rmem_tensor((1, 16), Uint8))
+            scl_a.append(cute.make_rmem_tensor((2,), Uint8))
+            deq_a.append(cute.make_rmem_tensor((1, _CHUNK_K), Float16))
+        rows_b = []
+        rows_b_ld = []
+        kcs_b = []
+        raw_b = []
+        scl_b = []
+        deq_b = []
+        for i in cutlass.range_constexpr(self.chunks_b):
+            c = tidx + i * self.threads
+            r = c // self.cpr
+            rows_b.append(r)
+            rows_b_ld.append(n0 + r)  # n % tile_n == 0: always in range
+            kcs_b.append(c % self.cpr)
+            raw_b.append(cute.make_rmem_tensor((1, 16), Uint8))
+            scl_b.append(cute.make_rmem_tensor((2,), Uint8))
+            deq_b.append(cute.make_rmem_tensor((1, _CHUNK_K), Float16))
+
+        # ---- tiled MMA + ldmatrix copies ----------------------------------
+        tiled_mma = cute.make_tiled_mma(
+            cute.nvgpu.warp.MmaF16BF16Op(Float16, Float32, _MMA_SHAPE),
+            cute.make_layout(self.warp_layout),
+            permutation_mnk=self.mma_perm,
+        )
+        thr_mma = tiled_mma.get_slice(tidx)
+        tCsA = thr_mma.partition_A(sA)  # (MMA, MMA_M, MMA_K, STAGE)
+        tCsB = thr_mma.partition_B(sB)  # (MMA, MMA_N, MMA_K, STAGE)
+        tCrA = tiled_mma.make_fragment_A(tCsA[None, None, None, 0])
+        tCrB = tiled_mma.make_fragment_B(tCsB[None, None, None, 0])
+
+        gC = cute.local_tile(mOut, (tm, tn), (bid_m, bid_n))
+        tCgC = thr_mma.partition_C(gC)
+        acc = tiled_mma.make_fragment_C(tCgC)
+        acc.fill(0.0)
+
+        s2r_a = cute.make_tiled_copy_A(
+            cute.make_copy_atom(cute.nvgpu.warp.LdMatrix8x8x16bOp(False, 4), Float16),
+            tiled_mma,
+        )
+        s2r_b = cute.make_tiled_copy_B(
+            cute.make_copy_atom(cute.nvgpu.warp.LdMatrix8x8x16bOp(False, 4), Float16),
+            tiled_mma,
+        )
+        thr_s2r_a = s2r_a.get_slice(tidx)
+        thr_s2r_b = s2r_b.get_slice(tidx)
+        tXsA = thr_s2r_a.partition_S(sA)
+        tXrA = thr_s2r_a.retile(tCrA)
+        tXsB = thr_s2r_b.partition_S(sB)
+        tXrB = thr_s2r_b.retile(tCrB)
+
+        # ---- main K loop ---------------------------------------------------
+        num_kt = k // tk
+        nkb = tk // _MMA_SHAPE[2]
+
+        self._load_raw(mAct, mAsc, rows_a_ld, kcs_a, self.chunks_a, 0, raw_a, scl_a)
+        self._load_raw(mWgt, mWsc, rows_b_ld, kcs_b, self.chunks_b, 0, raw_b, scl_b)
+        self._dequant_store(sA, rows_a, kcs_a, valid_a, self.chunks_a, 0, raw_a, scl_a, deq_a)
+        self._dequant_store(sB, rows_b, kcs_b, None, self.chunks_b, 0, raw_b, scl_b, deq_b)
+        cute.arch.sync_threads()
+
+        for kt in cutlass.range(num_kt, unroll=1):
+            stage = kt % self.stages
+            has_next = (kt + 1) < num_kt
+            # prefetch the next k-tile's raw bytes into registers
+            if has_next:
+                self._load_raw(mAct, mAsc, rows_a_ld, kcs_a, self.chunks_a, kt + 1, raw_a, scl_a)
+                self._load_raw(mWgt, mWsc, rows_b_ld, kcs_b, self.chunks_b, kt + 1, raw_b, scl_b)
+            self._mma_tile(tiled_mma, s2r_a, s2r_b, tXsA, tXrA, tXsB, tXrB,
+                           tCrA, tCrB, acc, nkb, stage)
+            if cutlass.const_expr(self.stages == 1):
+                # single buffer: everyone must be done reading it first
+                cute.arch.sync_threads()
+            if has_next:
+                nstage = (kt + 1) % self.stages
+                self._dequant_store(sA, rows_a, kcs_a, valid_a, self.chunks_a, nstage, raw_a, scl_a, deq_a)
+                self._dequant_store(sB, rows_b, kcs_b, None, self.chunks_b, nstage, raw_b, scl_b, deq_b)
+            cute.arch.sync_threads()
+
+        # ---- epilogue coordinates (tile-local (row, col) of each acc elem) --
+        cC = cute.make_identity_tensor((tm, tn))
+        tCcC = thr_mma.partition_C(cC)
+
+        # ---- acc *= wcscale[n] (before LoRA) -------------------------------
+        if cutlass.const_expr(self.has_wcscale):
+            mWc = cute.make_tensor(p_wc, cute.make_layout((n,), stride=(1,)))
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                col = n0 + tCcC[i][1]
+                acc[i] = acc[i] * mWc[col]
+
+        # ---- LoRA: acc += lora_act_in[rows, :] @ lora_up[cols, :]^T --------
+        if cutlass.const_expr(self.rank > 0):
+            R = self.rank
+            ldt = self.out_dtype
+            mLA = cute.make_tensor(p_la, cute.make_layout((m, R), stride=(R, 1)))
+            mLU = cute.make_tensor(p_lu, cute.make_layout((n, R), stride=(R, 1)))
+            lay_la = self._smem_tile_layout(tm, plan["lpitch"], R, 1)
+            lay_lu = self._smem_tile_layout(tn, plan["lpitch"], R, 1)
+            assert cute.cosize(lay_la) <= plan["la_elems"]
+            assert cute.cosize(lay_lu) <= plan["lu_elems"]
+            # The main loop ended with a barrier: its SMEM may be overwritten.
+            sLA = cute.make_tensor(cute.recast_ptr(base, dtype=ldt), lay_la)
+            sLU = cute.make_tensor(
+                cute.recast_ptr(base + plan["lu_offset"], dtype=ldt), lay_lu
+            )
+            sLA2 = sLA[None, None, 0]
+            sLU2 = sLU[None, None, 0]
+
+            vbuf = cute.make_rmem_tensor((1, 8), ldt)
+            for i in cutlass.range_constexpr(self.lvec_a):
+                v = tidx + i * self.threads
+                r = v // self.lvec
+                cv = v % self.lvec
+                src = cute.local_tile(mLA, (1, 8), (cutlass.min(m0 + r, m - 1), cv))
+                cute.autovec_copy(src, vbuf)
+                if (m0 + r) >= m:
+                    vbuf.fill(0.0)  # rows >= m read as zero
+                cute.autovec_copy(vbuf, cute.local_tile(sLA2, (1, 8), (r, cv)))
+            for i in cutlass.range_constexpr(self.lvec_b):
+                v = tidx + i * self.threads
+                r = v // self.lvec
+                cv = v % self.lvec
+                src = cute.local_tile(mLU, (1, 8), (n0 + r, cv))
+                cute.autovec_copy(src, vbuf)
+                cute.autovec_copy(vbuf, cute.local_tile(sLU2, (1, 8), (r, cv)))
+            cute.arch.sync_threads()
+
+            lora_mma = cute.make_tiled_mma(
+                cute.nvgpu.warp.MmaF16BF16Op(ldt, Float32, _MMA_SHAPE),
+                cute.make_layout(self.warp_layout),
+                permutation_mnk=self.mma_perm,
+            )
+            thr_lmma = lora_mma.get_slice(tidx)
+            tLsA = thr_lmma.partition_A(sLA2)
+            tLsB = thr_lmma.partition_B(sLU2)
+            tLrA = lora_mma.make_fragment_A(tLsA)
+            tLrB = lora_mma.make_fragment_B(tLsB)
+            ls2r_a = cute.make_tiled_copy_A(
+                cute.make_copy_atom(cute.nvgpu.warp.LdMatrix8x8x16bOp(False, 4), ldt),
+                lora_mma,
+            )
+            ls2r_b = cute.make_tiled_copy_B(
+                cute.make_copy_atom(cute.nvgpu.warp.LdMatrix8x8x16bOp(False, 4), ldt),
+                lora_mma,
+            )
+            thr_ls2r_a = ls2r_a.get_slice(tidx)
+            thr_ls2r_b = ls2r_b.get_slice(tidx)
+            self._mma_tile(
+                lora_mma, ls2r_a, ls2r_b,
+                thr_ls2r_a.partition_S(sLA2), thr_ls2r_a.retile(tLrA),
+                thr_ls2r_b.partition_S(sLU2), thr_ls2r_b.retile(tLrB),
+                tLrA, tLrB, acc, R // _MMA_SHAPE[2], None,
+            )
+
+        # ---- + bias[n], convert, store rows < m ----------------------------
+        if cutlass.const_expr(self.has_bias):
+            mBias = cute.make_tensor(p_bias, cute.make_layout((n,), stride=(1,)))
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                col = n0 + tCcC[i][1]
+                acc[i] = acc[i] + mBias[col]
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            if (m0 + tCcC[i][0]) < m:
+                tCgC[i] = acc[i].to(self.out_dtype)
+
+
+# ---------------------------------------------------------------------------
+# Build-time API
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class CompiledVariant:
+    cubin: bytes  # ELF cubin for the variant's arch
+    compiled: Any  # the JitCompiledFunction (its .ir_module holds the launch ABI)
+    entry: str  # host function name (compiled.function_name)
+    kernel_symbols: list[str]  # kernel symbols in the cubin
+    smem_bytes: int  # dynamic SMEM the host function requests
+    compile_seconds: float = 0.0
+    #: per kernel symbol: {"registers": n, "stack_frame_bytes": n} read from
+    #: the cubin's .nv.info (a non-zero stack frame means spills/local memory)
+    resource_usage: dict = dataclasses.field(default_factory=dict)
+    ptx: Optional[str] = None  # PTX text, only with keep_ptx=True
+
+
+def resource_problem(variant: Any) -> Optional[str]:
+    """Why ``variant`` cannot be built by this family, or None if it can."""
+    arch = getattr(variant, "arch", "sm_90a")
+    if arch not in _ARCHS:
+        return f"arch {arch!r} is not built by the sm90 W4A4 family (supports {_ARCHS})"
+    cluster = (int(getattr(variant, "cluster_m", 1)), int(getattr(variant, "cluster_n", 1)))
+    if cluster not in SUPPORTED["cluster"]:
+        return f"cluster {cluster} not in {SUPPORTED['cluster']}"
+    return _problem(_cfg_of(variant))
+
+
+def compile_variant(variant: Any, dump_dir: str, *, keep_ptx: bool = False) -> CompiledVariant:
+    """Trace and cross-compile one variant for ``variant.arch`` (no GPU needed).
+
+    Writes the cubin (and with ``keep_ptx`` the PTX) into ``dump_dir``.
+    """
+    reason = resource_problem(variant)
+    if reason:
+        raise ValueError(f"cannot compile {getattr(variant, 'name', variant)}: {reason}")
+    cfg = _cfg_of(variant)
+    gemm = _Sm90W4A4(cfg)
+    name = kernel_name_for(variant)
+    # Kernel symbol: "<name>_0" -- our prefix, no DSL-mangled "cutlass_" part.
+    _Sm90W4A4.kernel.set_name_prefix(name, remove_cutlass_symbol=True, keep_mangled_name=False)
+    # Host function: also drop the "cutlass" component (it is not a GPU symbol).
+    _Sm90W4A4.__call__.set_name_prefix(
+        name.replace("svdq_", "svdq_host_", 1), remove_cutlass_symbol=True, keep_mangled_name=False
+    )
+
+    out_t = _OUT_DTYPES[cfg.out_dtype]
+
+    def gptr(dtype):
+        return make_ptr(dtype, 0, cute.AddressSpace.gmem, assumed_align=16)
+
+    args = (
+        gptr(Uint8), gptr(Uint8), gptr(Uint8), gptr(Uint8),  # act, ascales, wgt, wscales
+        gptr(out_t), gptr(out_t),  # lora_act_in, lora_up
+        gptr(Float32), gptr(Float32),  # wcscale, bias
+        gptr(out_t),  # out
+        Int32(1), Int32(1), Int32(1),  # m, n, k (dynamic)
+        cuda.CUstream(0),
+    )
+    os.makedirs(dump_dir, exist_ok=True)
+    options = f"--gpu-arch {variant.arch} --keep-cubin --dump-dir {dump_dir}"
+    if keep_ptx:
+        options += " --keep-ptx"
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        # The epilogue deliberately unrolls over the whole accumulator
+        # fragment (128 elements at 128x128); the DSL warns about slow tracing.
+        warnings.filterwarnings("ignore", message="This static loop has")
+        compiled = cute.compile(gemm, *args, options=options)
+    dt = time.perf_counter() - t0
+
+    cubin = _read_cubin(compiled, dump_dir, variant.arch)
+    symbols = list(compiled.kernel_info)
+    for sym in symbols:
+        if "cutlass" in sym.lower() or not sym.startswith("svdq_"):
+            raise RuntimeError(f"unexpected kernel symbol {sym!r} (must start 'svdq_', no 'cutlass')")
+    ptx = None
+    if keep_ptx:
+        art = compiled.artifacts.PTX  # the text (the DSL reads the kept file)
+        if isinstance(art, bytes):
+            art = art.decode()
+        if isinstance(art, str) and os.path.isfile(art):
+            with open(art) as f:
+                art = f.read()
+        ptx = art if isinstance(art, str) and ".entry" in art else None
+    return CompiledVariant(
+        cubin=cubin,
+        compiled=compiled,
+        entry=compiled.function_name,
+        kernel_symbols=symbols,
+        smem_bytes=gemm.smem_bytes,
+        compile_seconds=dt,
+        resource_usage=cubin_resource_usage(cubin),
+        ptx=ptx,
+    )
+
+
+def _read_cubin(compiled: Any, dump_dir: str, arch: str) -> bytes:
+    art = compiled.artifacts.CUBIN
+    data: Optional[bytes] = None
+    if isinstance(art, (bytes, bytearray)):
+        data = bytes(art)
+    elif isinstance(art, str) and os.path.isfile(art):
+        with open(art, "rb") as f:
+            data = f.read()
+    if data is None:
+        path = os.path.join(dump_dir, f"{compiled.function_name}.{arch}.cubin")
+        with open(path, "rb") as f:
+            data = f.read()
+    if not data.startswith(b"\x7fELF"):
+        raise RuntimeError("compiled artifact is not an ELF cubin")
+    return data
+
+
+def cubin_resource_usage(cubin: bytes) -> dict[str, dict[str, int]]:
+    """Registers and stack-frame bytes per kernel, read from a cubin's ELF.
+
+    Uses the global ``.nv.info`` section: EIATTR_REGCOUNT (0x2f) and
+    EIATTR_FRAME_SIZE (0x11), each ``(symbol index u32, value u32)``.  No CUDA
+    tool is needed.  A non-zero frame means register spills or local arrays.
+    """
+    import struct
+
+    if not cubin.startswith(b"\x7fELF") or cubin[4] != 2:
+        raise ValueError("not a 64-bit ELF cubin")
+    shoff = struct.unpack_from("<Q", cubin, 0x28)[0]
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    secs = []
+    for i in range(shnum):
+        (name, typ, _flags, _addr, off, size, link, _info, _align, entsize) = struct.unpack_from(
+            "<IIQQQQIIQQ", cubin, shoff + i * shentsize
+        )
+        secs.append(dict(name=name, type=typ, off=off, size=size, link=link, entsize=entsize))
+
+    def cstr(sec_idx: int, offset: int) -> str:
+        o = secs[sec_idx]["off"] + offset
+        return cubin[o:cubin.index(b"\0", o)].decode()
+
+    for sec in secs:
+        sec["name"] = cstr(shstrndx, sec["name"])
+    symtab = next((s for s in secs if s["type"] == 2), None)  # SHT_SYMTAB
+
+    def sym_name(idx: int) -> str:
+        if symtab is None:
+            return str(idx)
+        ent = symtab["off"] + idx * (symtab["entsize"] or 24)
+        return cstr(symtab["link"], struct.unpack_from("<I", cubin, ent)[0])
+
+    usage: dict[str, dict[str, int]] = {}
+    for sec in secs:
+        if sec["name"] != ".nv.info":
+            continue
+        blob = cubin[sec["off"]:sec["off"] + sec["size"]]
+        i = 0
+        while i + 4 <= len(blob):
+            fmt, attr = blob[i], blob[i + 1]
+            if fmt == 0x04:  # EIFMT_SVAL: u16 size + payload
+                size = struct.unpack_from("<H", blob, i + 2)[0]
+                payload = blob[i + 4:i + 4 + size]
+                i += 4 + size
+            elif fmt == 0x03:  # EIFMT_HVAL: u16 value
+                i += 4
+                continue
+            else:  # EIFMT_NVAL / EIFMT_BVAL: no (or 1-byte) payload in the global table
+                i += 2 if fmt == 0x01 else 3
+                continue
+            if attr in (0x2F, 0x11) and len(payload) >= 8:
+                sym, val = struct.unpack_from("<II", payload, 0)
+                key = "registers" if attr == 0x2F else "stack_frame_bytes"
+                usage.setdefault(sym_name(sym), {})[key] = val
+    return usage
