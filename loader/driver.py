@@ -120,8 +120,12 @@ class DeviceKernels:
         """Cross-check the manifest's parameter list against the driver's view of the cubin."""
         for sym, params in expected.items():
             kernel = self.kernels[sym]
-            count = int(check(cu.cuKernelGetParamCount(kernel), f"cuKernelGetParamCount({sym})")) \
-                if hasattr(cu, "cuKernelGetParamCount") else None
+            try:  # cuKernelGetParamCount needs a CUDA 13.1+ driver
+                count = int(check(cu.cuKernelGetParamCount(kernel), f"cuKernelGetParamCount({sym})"))
+            except (AttributeError, RuntimeError) as e:
+                if isinstance(e, CudaError):
+                    raise
+                count = None
             if count is not None and count != len(params):
                 raise CudaError(f"kernel {sym}: driver reports {count} parameters, manifest {len(params)}")
             for index, offset, size in params:
@@ -188,7 +192,7 @@ class PackedLaunch:
         for off, size, p in zip(self._offsets, self._sizes, params):
             if len(p) != size:
                 raise CudaError(f"parameter size changed from {size} to {len(p)} bytes")
-            ctypes.memmove(base + off, p, size)
+            ctypes.memmove(base + off, bytes(p), size)
 
     def launch(self, stream: int) -> None:
         self.config.hStream = cu.CUstream(stream)

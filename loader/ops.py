@@ -149,6 +149,9 @@ def plan_call(act, weight: PreparedWeight, ascales, *, lora_act_in=None, out=Non
     if 2 * kh != weight.k:
         _fail(f"act has K = 2*{kh} = {2 * kh} but the weight has K = {weight.k}")
     k, n = weight.k, weight.n
+    for what, val in (("M*N (output elements)", m * n), ("M*K/2 (act bytes)", m * kh), ("N*K/2 (weight bytes)", n * kh)):
+        if val >= 2**31:
+            _fail(f"{what} = {val} must be below 2^31 (the kernels index with 32-bit integers); split the call along M")
     _check_tensor("ascales", ascales, dtype=torch.float8_e4m3fn, ndim=2, shape=(m, k // 16))
 
     if (lora_act_in is None) != (weight.lora_up is None):
