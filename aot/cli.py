@@ -1,4 +1,4 @@
-"""`svdq-aot` command line: build, variants, verify.
+"""`svdq-aot` command line: build, variants, verify, bench.
 
 Errors the user can act on (bad config, failed variant, locked or tampered
 artifact directory) print one ``Error: ...`` line and exit 1; no traceback.
@@ -80,6 +80,18 @@ def verify(directory: Path) -> None:
     click.echo(f"OK: {directory}: {len(m.variants)} variant(s), {len(files)} file(s) verified "
                f"(config {m.config.name}, built by {g.package} {g.package_version} with {g.dsl} "
                f"{g.dsl_version}, python {g.python})")
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.pass_context
+def bench(ctx: click.Context) -> None:
+    """Time gemm_w4a4 through the loader on this machine's GPU (JSON + table).
+
+    Options are those of `python -m svdq_loader.bench` (--artifacts, --json, --rank,
+    --dtype, --shapes). Needs a GPU; does not need the DSL.
+    """
+    from svdq_loader.bench import main as bench_main
+    ctx.exit(bench_main(ctx.args))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -4,8 +4,8 @@
 - `DeviceKernels`: one cubin loaded on one device as a context-independent
   `CUlibrary`, its kernels looked up, and the kernel attributes that the
   DSL's own `cuda_load_to_device` would have set, applied per device.
-- `Launcher`: turns a `LaunchRecord` (grid, block, smem, attributes, param
-  bytes) into a `cuLaunchKernelEx` call on a given stream.
+- `launch_config` / `launch`: a `LaunchRecord` (grid, block, smem,
+  attributes, param bytes) as a `cuLaunchKernelEx` call on a given stream.
 
 Nothing here imports the DSL, torch or a compiler.
 """
@@ -147,54 +147,35 @@ class DeviceKernels:
             self.library = None
 
 
-class PackedLaunch:
-    """A launch made ready for `cuLaunchKernelEx`: config, attributes and param buffer.
+def launch_config(record) -> "cu.CUlaunchConfig":
+    """A `CUlaunchConfig` with the record's grid, block, dynamic smem and launch attributes.
 
-    Built once per distinct `LaunchRecord` shape and reused; `set_params`
-    rewrites the parameter bytes in place (pointer patching) and `launch`
-    issues it on a stream.
+    The runtime's `cudaLaunchAttribute` {id, pad, 64-byte value union} has the
+    same layout as the driver's `CUlaunchAttribute`, so the value bytes the
+    host code wrote are copied verbatim.  The stream is set per launch.
     """
+    cfg = cu.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = (int(v) for v in record.grid)
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = (int(v) for v in record.block)
+    cfg.sharedMemBytes = int(record.smem)
+    attrs = []
+    for attr_id, value in record.attrs:
+        a = cu.CUlaunchAttribute()
+        a.id = cu.CUlaunchAttributeID(int(attr_id))
+        a.value.pad = bytes(value)
+        attrs.append(a)
+    cfg.attrs = attrs
+    cfg.numAttrs = len(attrs)
+    return cfg
 
-    __slots__ = ("config", "_attrs", "_buf", "_ptrs", "_offsets", "_sizes", "kernel")
 
-    def __init__(self, record, kernel):
-        self.kernel = kernel
-        cfg = cu.CUlaunchConfig()
-        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = (int(v) for v in record.grid)
-        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = (int(v) for v in record.block)
-        cfg.sharedMemBytes = int(record.smem)
-        attrs = []
-        for attr_id, value in record.attrs:
-            a = cu.CUlaunchAttribute()
-            a.id = cu.CUlaunchAttributeID(int(attr_id))
-            # The runtime's cudaLaunchAttributeValue and the driver's
-            # CUlaunchAttributeValue are the same 64-byte union.
-            a.value.pad = bytes(value)
-            attrs.append(a)
-        cfg.attrs = attrs
-        cfg.numAttrs = len(attrs)
-        self._attrs = attrs
-        self.config = cfg
-        offsets, total = [], 0
-        for p in record.params:
-            total = (total + 15) & ~15
-            offsets.append(total)
-            total += len(p)
-        self._buf = ctypes.create_string_buffer(max(total, 16))
-        base = ctypes.addressof(self._buf)
-        self._ptrs = (ctypes.c_void_p * max(len(record.params), 1))(*[base + o for o in offsets])
-        self._offsets = offsets
-        self._sizes = [len(p) for p in record.params]
-        self.set_params(record.params)
+def param_array(params: Sequence[bytes]):
+    """(address of a void*[] over copies of `params`, keep-alive object) for one-off launches."""
+    bufs = [ctypes.create_string_buffer(bytes(p), max(len(p), 1)) for p in params]
+    arr = (ctypes.c_void_p * max(len(bufs), 1))(*[ctypes.addressof(b) for b in bufs])
+    return ctypes.addressof(arr), (arr, bufs)
 
-    def set_params(self, params: Sequence[bytes]) -> None:
-        base = ctypes.addressof(self._buf)
-        for off, size, p in zip(self._offsets, self._sizes, params):
-            if len(p) != size:
-                raise CudaError(f"parameter size changed from {size} to {len(p)} bytes")
-            ctypes.memmove(base + off, bytes(p), size)
 
-    def launch(self, stream: int) -> None:
-        self.config.hStream = cu.CUstream(stream)
-        check(cu.cuLaunchKernelEx(self.config, self.kernel, ctypes.addressof(self._ptrs), 0),
-              "cuLaunchKernelEx")
+def launch(cfg, kernel, kernel_params_address: int, stream: int) -> None:
+    cfg.hStream = cu.CUstream(stream)
+    check(cu.cuLaunchKernelEx(cfg, kernel, kernel_params_address, 0), "cuLaunchKernelEx")

@@ -19,12 +19,17 @@ import hashlib
 import json
 import os
 import threading
+import weakref
 from dataclasses import dataclass, field
 
 from . import driver, select
 from .hostvm import HostProgram
-from .launch_plan import LaunchPlanCache
-from .manifest import ArtifactIntegrityError, read_manifest
+from .launch_plan import CachedLaunch, LaunchPlanCache
+from ._version import __version__
+from .manifest import ArtifactIntegrityError, ManifestError, read_manifest
+
+KNOWN_HOST_ARGS = frozenset(("act", "ascales", "wgt", "wscales", "lora_act_in", "lora_up", "wcscale", "bias",
+                             "out", "m", "n", "k", "stream"))
 
 
 class DeviceMismatch(RuntimeError):
@@ -42,7 +47,9 @@ class _Variant:
     program: HostProgram
     plan: LaunchPlanCache
     arg_names: list
-    per_device: dict = field(default_factory=dict)   # ordinal -> (DeviceKernels, {id: PackedLaunch})
+    per_device: dict = field(default_factory=dict)   # ordinal -> DeviceKernels
+    lock: threading.Lock = field(default_factory=threading.Lock)  # cached launches are patched in place
+    configs: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)  # CachedLaunch -> CUlaunchConfig
 
 
 def _read_verified(root: str, fname: str, sha256: str) -> bytes:
@@ -74,12 +81,19 @@ class Library:
         self.manifest = read_manifest(self.path)
         self._lock = threading.Lock()
         self._variants: dict[str, _Variant] = {}
+        self._arch: dict[int, str] = {}          # device ordinal -> arch, asked once
+        self._choice: dict = {}                  # select.Problem -> _Variant
         for v in self.manifest.variants:
             cubin = _read_verified(self.path, v.cubin, v.sha256)
             hp = _fields(v.host_program)
             doc = json.loads(_read_verified(self.path, hp["file"], hp["sha256"]))
             program = HostProgram.from_dict(doc)
             names = [a[0] for a in v.host_args]
+            unknown = [n for n in names if n not in KNOWN_HOST_ARGS]
+            if unknown:
+                raise ManifestError(
+                    f"{os.path.join(self.path, 'manifest.json')}: variant {v.name} has host arguments {unknown} "
+                    f"that this loader ({__version__}) does not know; the artifacts need a newer svdq_loader")
             kinds = [a[1] for a in v.host_args]
             ptr_idx = [i for i, kd in enumerate(kinds) if kd in ("ptr", "stream")]
             sizes = {sym: [p[2] if isinstance(p, (list, tuple)) else p["size"] for p in params]
@@ -112,15 +126,17 @@ class Library:
                                 for p in ps] for sym, ps in var.entry.params.items()}
                 dk = driver.DeviceKernels(var.cubin, var.entry.kernel_symbols, ordinal,
                                           var.program.load_plan, params)
-                state = (dk, {})
+                state = dk
                 var.per_device[ordinal] = state
         return state
 
     def warmup(self, device=None) -> int:
         """Load every variant whose arch matches `device` (default: current). Returns how many."""
         import torch
-        ordinal = torch.cuda.current_device() if device is None else torch.device("cuda", device).index \
-            if not isinstance(device, torch.device) else device.index
+        if device is None:
+            ordinal = torch.cuda.current_device()
+        else:
+            ordinal = torch.device("cuda", device).index if isinstance(device, int) else torch.device(device).index
         arch = driver.device_arch(ordinal)
         n = 0
         for var in self._variants.values():
@@ -152,39 +168,34 @@ class Library:
             weight = prepare_weight(wgt, wscales, lora_up=lora_up, wcscale=wcscale, bias=bias)
         call = plan_call(act, weight, ascales, lora_act_in=lora_act_in, out=out, out_dtype=out_dtype)
         ordinal = act.device.index
-        arch = driver.device_arch(ordinal) if ordinal not in _ARCH_CACHE else _ARCH_CACHE[ordinal]
-        _ARCH_CACHE[ordinal] = arch
+        arch = self._arch.get(ordinal)
+        if arch is None:
+            arch = self._arch[ordinal] = driver.device_arch(ordinal)
         prob = select.Problem(arch, call.out_dtype, call.rank, call.wcscale, call.bias, call.m, call.n, call.k)
-        entry = select.choose(self.variants, prob)
-        var = self._variants[entry.name]
+        var = self._choice.get(prob)
+        if var is None:
+            var = self._variants[select.choose(self.variants, prob).name]
+            if len(self._choice) > 65536:
+                self._choice.clear()
+            self._choice[prob] = var
         stream = torch.cuda.current_stream(act.device)
         capturing = torch.cuda.is_current_stream_capturing()
-        dk, packed_cache = self._device_kernels(var, ordinal, capturing)
-        scalars = {"m": call.m, "n": call.n, "k": call.k}
-        args = []
-        for name in var.arg_names:
-            if name in call.pointers:
-                args.append(call.pointers[name])
-            elif name in scalars:
-                args.append(scalars[name])
-            elif name == "stream":
-                args.append(stream.cuda_stream)
-            else:
-                raise RuntimeError(f"variant {entry.name} has host argument {name!r} this loader does not know")
-        rec = var.plan.get(args)
-        key = (rec.kernel, rec.grid, rec.block, rec.smem, tuple(rec.attrs), tuple(len(p) for p in rec.params))
-        packed = packed_cache.get(key)
-        if packed is None:
-            packed = driver.PackedLaunch(rec, dk.kernels[rec.kernel])
-            packed_cache[key] = packed
-        else:
-            packed.set_params(rec.params)
+        dk = self._device_kernels(var, ordinal, capturing)
+        values = dict(call.pointers, m=call.m, n=call.n, k=call.k, stream=stream.cuda_stream)
+        args = [values[name] for name in var.arg_names]
         dk.make_current()
-        packed.launch(rec.stream)
+        with var.lock:
+            rec = var.plan.get(args)
+            if rec.__class__ is CachedLaunch:          # the usual case: pointer-patched in place
+                cfg = var.configs.get(rec)
+                if cfg is None:
+                    cfg = var.configs[rec] = driver.launch_config(rec)
+                kp = rec.kernel_params_address
+            else:                                      # a shape the cache could not patch: one-off
+                cfg = driver.launch_config(rec)
+                kp, _keep = driver.param_array(rec.params)
+            driver.launch(cfg, dk.kernels[rec.kernel], kp, rec.stream)
         return call.out
-
-
-_ARCH_CACHE: dict[int, str] = {}
 
 
 def load(path: str = "artifacts") -> Library:
