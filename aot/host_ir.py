@@ -61,27 +61,15 @@ from __future__ import annotations
 import re
 from typing import Any
 
+# The external functions the interpreter knows how to answer: its own list.
+from svdq_loader.hostvm import EXTERNALS as SUPPORTED_EXTERNALS
+
 FORMAT = "svdq-host-ir"
 FORMAT_VERSION = 1
 
 LOAD_FUNCTION = "cuda_load_to_device"
 BINARY_GLOBAL = "kernels_binary"
 KERNEL_HANDLE_PREFIX = "kernels_"
-
-# External functions the interpreter knows how to answer (hostvm implements
-# exactly these; keep the two lists in sync).
-SUPPORTED_EXTERNALS = frozenset(
-    {
-        "printf",
-        "_cudaLaunchKernelEx",
-        "_cudaDeviceGetAttribute",
-        "_cudaGetDevice",
-        "_cudaLibraryGetKernel",
-        "_cuKernelGetAttribute",
-        "_cudaKernelSetAttributeForDevice",
-        "_cudaFuncSetAttribute",
-    }
-)
 
 _ICMP = ("eq", "ne", "slt", "sle", "sgt", "sge", "ult", "ule", "ugt", "uge")
 

@@ -409,7 +409,7 @@ _SUPPORTED_OPS = frozenset(
     unreachable""".split()
 )
 
-_EXTERNALS = frozenset(
+EXTERNALS = frozenset(
     {
         "printf",
         "_cudaLaunchKernelEx",
@@ -680,7 +680,7 @@ class HostProgram:
         self.load_name: str = doc["load"]
         self.externals = dict(doc.get("externals", {}))
         for name in self.externals:
-            if name not in _EXTERNALS:
+            if name not in EXTERNALS:
                 raise HostVMError(f"external function @{name} is not supported by the interpreter")
         # globals
         self.globals: dict[str, dict] = {}
@@ -1218,7 +1218,7 @@ class HostProgram:
                 if r0 is not None:
                     R[r0] = v
             return f
-        if callee not in self.externals or callee not in _EXTERNALS:
+        if callee not in self.externals or callee not in EXTERNALS:
             raise HostVMError(f"call to unknown/unsupported function @{callee}")
         handler = getattr(_State, "ext" + callee)
 
@@ -1392,7 +1392,7 @@ class _State:
 
 
 # map "ext" + symbol names (symbols start with '_' except printf)
-for _n in list(_EXTERNALS):
+for _n in list(EXTERNALS):
     _meth = "ext" + _n
     if not hasattr(_State, _meth):
         raise RuntimeError(f"missing handler for {_n}")  # pragma: no cover
