@@ -56,6 +56,8 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float16, Float32, Int32, Uint8
 from cutlass.cute.runtime import make_ptr
 
+from svdq_loader.cubin_info import cubin_info
+
 __all__ = [
     "HOST_ARGS",
     "SUPPORTED",
@@ -744,59 +746,10 @@ def _read_cubin(compiled: Any, dump_dir: str, arch: str) -> bytes:
 
 
 def cubin_resource_usage(cubin: bytes) -> dict[str, dict[str, int]]:
-    """Registers and stack-frame bytes per kernel, read from a cubin's ELF.
+    """Registers and stack-frame bytes per kernel, from the cubin's .nv.info.
 
-    Uses the global ``.nv.info`` section: EIATTR_REGCOUNT (0x2f) and
-    EIATTR_FRAME_SIZE (0x11), each ``(symbol index u32, value u32)``.  No CUDA
-    tool is needed.  A non-zero frame means register spills or local arrays.
+    A non-zero frame means register spills or local arrays.
     """
-    import struct
-
-    if not cubin.startswith(b"\x7fELF") or cubin[4] != 2:
-        raise ValueError("not a 64-bit ELF cubin")
-    shoff = struct.unpack_from("<Q", cubin, 0x28)[0]
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
-    secs = []
-    for i in range(shnum):
-        (name, typ, _flags, _addr, off, size, link, _info, _align, entsize) = struct.unpack_from(
-            "<IIQQQQIIQQ", cubin, shoff + i * shentsize
-        )
-        secs.append(dict(name=name, type=typ, off=off, size=size, link=link, entsize=entsize))
-
-    def cstr(sec_idx: int, offset: int) -> str:
-        o = secs[sec_idx]["off"] + offset
-        return cubin[o:cubin.index(b"\0", o)].decode()
-
-    for sec in secs:
-        sec["name"] = cstr(shstrndx, sec["name"])
-    symtab = next((s for s in secs if s["type"] == 2), None)  # SHT_SYMTAB
-
-    def sym_name(idx: int) -> str:
-        if symtab is None:
-            return str(idx)
-        ent = symtab["off"] + idx * (symtab["entsize"] or 24)
-        return cstr(symtab["link"], struct.unpack_from("<I", cubin, ent)[0])
-
-    usage: dict[str, dict[str, int]] = {}
-    for sec in secs:
-        if sec["name"] != ".nv.info":
-            continue
-        blob = cubin[sec["off"]:sec["off"] + sec["size"]]
-        i = 0
-        while i + 4 <= len(blob):
-            fmt, attr = blob[i], blob[i + 1]
-            if fmt == 0x04:  # EIFMT_SVAL: u16 size + payload
-                size = struct.unpack_from("<H", blob, i + 2)[0]
-                payload = blob[i + 4:i + 4 + size]
-                i += 4 + size
-            elif fmt == 0x03:  # EIFMT_HVAL: u16 value
-                i += 4
-                continue
-            else:  # EIFMT_NVAL / EIFMT_BVAL: no (or 1-byte) payload in the global table
-                i += 2 if fmt == 0x01 else 3
-                continue
-            if attr in (0x2F, 0x11) and len(payload) >= 8:
-                sym, val = struct.unpack_from("<II", payload, 0)
-                key = "registers" if attr == 0x2F else "stack_frame_bytes"
-                usage.setdefault(sym_name(sym), {})[key] = val
-    return usage
+    info = cubin_info(cubin)
+    return {name: {"registers": k.regcount, "stack_frame_bytes": k.frame_size or 0}
+            for name, k in info.kernels.items()}
