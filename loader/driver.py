@@ -135,11 +135,21 @@ class DeviceKernels:
                     raise CudaError(f"kernel {sym} parameter {index}: driver says offset {got_off} size "
                                     f"{got_size}, manifest says offset {offset} size {size}")
 
-    def make_current(self) -> None:
-        """Make the device's primary context current on this thread if it is not."""
+    def foreign_context(self) -> bool:
+        """True if a context other than the device's primary one is current on this thread.
+
+        Launches go to the primary context (the one torch's streams belong to):
+        the caller then wraps the launch in `push_primary()` / `pop()`.
+        """
         cur = check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
-        if int(cur) != self._primary_int:
-            check(cu.cuCtxSetCurrent(self.primary_ctx), "cuCtxSetCurrent")
+        return int(cur) != self._primary_int
+
+    def push_primary(self) -> None:
+        check(cu.cuCtxPushCurrent(self.primary_ctx), "cuCtxPushCurrent")
+
+    @staticmethod
+    def pop() -> None:
+        check(cu.cuCtxPopCurrent(), "cuCtxPopCurrent")
 
     def unload(self) -> None:
         if self.library is not None:

@@ -183,7 +183,18 @@ class Library:
         dk = self._device_kernels(var, ordinal, capturing)
         values = dict(call.pointers, m=call.m, n=call.n, k=call.k, stream=stream.cuda_stream)
         args = [values[name] for name in var.arg_names]
-        dk.make_current()
+        foreign = dk.foreign_context()
+        if foreign:                        # launch in torch's (primary) context, restore the caller's after
+            dk.push_primary()
+        try:
+            self._launch(var, dk, args)
+        finally:
+            if foreign:
+                dk.pop()
+        return call.out
+
+    @staticmethod
+    def _launch(var: _Variant, dk, args) -> None:
         with var.lock:
             rec = var.plan.get(args)
             if rec.__class__ is CachedLaunch:          # the usual case: pointer-patched in place
@@ -195,7 +206,6 @@ class Library:
                 cfg = driver.launch_config(rec)
                 kp, _keep = driver.param_array(rec.params)
             driver.launch(cfg, dk.kernels[rec.kernel], kp, rec.stream)
-        return call.out
 
 
 def load(path: str = "artifacts") -> Library:

@@ -77,7 +77,7 @@ def _run_case(lib, m, n, k, r, dt, wc, b, seed, prepared=False):
 
 
 # 1. every feature combination (R x dtype x wcscale x bias) at ragged and tile-sized M
-@pytest.mark.parametrize("m", [77, 256])
+@pytest.mark.parametrize("m", [1, 77, 256, 1000])
 @pytest.mark.parametrize("r", [0, 32, 64])
 @pytest.mark.parametrize("dt", ["bf16", "fp16"])
 @pytest.mark.parametrize("wc", [True, False])
@@ -86,13 +86,14 @@ def test_features(lib, m, r, dt, wc, b):
     _run_case(lib, m, 3072, 3072, r, dt, wc, b, seed=m * 131 + r * 7 + (dt == 'bf16') * 3 + wc * 2 + b)
 
 
-# 2. every FLUX (K, N) at every M, both dtypes, with all terms on
+# 2. every FLUX (K, N) at every M, both dtypes, R in {0, 32, 64}, wcscale and bias on
 @pytest.mark.parametrize("kn", FLUX_KN, ids=[f"K{k}N{n}" for k, n in FLUX_KN])
 @pytest.mark.parametrize("m", MS)
+@pytest.mark.parametrize("r", [0, 32, 64])
 @pytest.mark.parametrize("dt", ["bf16", "fp16"])
-def test_flux_shapes(lib, kn, m, dt):
+def test_flux_shapes(lib, kn, m, r, dt):
     k, n = kn
-    _run_case(lib, m, n, k, 32, dt, True, True, seed=(m * 7 + k + n) & 0xFFFF)
+    _run_case(lib, m, n, k, r, dt, True, True, seed=(m * 7 + k + n + r) & 0xFFFF)
 
 
 # 3. the other ranks the kernel family supports, at one shape
@@ -174,3 +175,40 @@ def test_bad_arguments_raise_before_gpu_work(lib):
         w = torch.randint(0, 256, (3040, 1536), dtype=torch.uint8, device="cuda")
         ws = p["wscales"][:1].expand(3040, -1).contiguous()
         lib.gemm_w4a4(p["act"], w, p["ascales"], ws)
+
+
+def test_launch_from_a_fresh_thread_and_foreign_context(lib):
+    """A thread with no current CUDA context, and one with a foreign context current, both launch
+    on the device's primary context (torch's), and the caller's current context is left as it was."""
+    import threading
+
+    from cuda.bindings import driver as cu
+    p = ref.random_problem(96, 3072, 3072, 32, seed=11, out_dtype="fp16", device="cuda")
+    expect = ref.reference_torch_f64(**p)
+    outs = {tag: torch.full((96, 3072), float("nan"), dtype=torch.float16, device="cuda")
+            for tag in ("fresh", "foreign")}
+    torch.cuda.synchronize()
+    seen = {}
+
+    def work(tag):
+        ctx = None
+        if tag == "foreign":
+            err, dev = cu.cuDeviceGet(0)
+            err, ctx = cu.cuCtxCreate(None, 0, dev)
+            assert err == cu.CUresult.CUDA_SUCCESS, err
+        lib.gemm_w4a4(p["act"], p["wgt"], p["ascales"], p["wscales"], lora_act_in=p["lora_act_in"],
+                      lora_up=p["lora_up"], wcscale=p["wcscale"], bias=p["bias"], out=outs[tag])
+        err, cur = cu.cuCtxGetCurrent()
+        seen[tag] = int(cur) == int(ctx) if ctx is not None else True
+        if ctx is not None:
+            cu.cuCtxDestroy(ctx)
+
+    for tag in outs:
+        t = threading.Thread(target=work, args=(tag,))
+        t.start()
+        t.join()
+    torch.cuda.synchronize()
+    assert seen == {"fresh": True, "foreign": True}, f"caller's context not restored: {seen}"
+    for tag, out in outs.items():
+        rel = float(torch.linalg.vector_norm(out.double() - expect) / torch.linalg.vector_norm(expect))
+        assert rel <= 2e-3, (tag, rel)
