@@ -18,6 +18,9 @@ from typing import Callable, Sequence
 from cuda.bindings import driver as cu
 
 
+MAX_SMEM_OPTIN = 97  # CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN (= the runtime's value)
+
+
 class CudaError(RuntimeError):
     """A CUDA driver call failed."""
 

@@ -36,6 +36,10 @@ class DeviceMismatch(RuntimeError):
     """A variant was built for another GPU architecture than the device's."""
 
 
+class LaunchRefused(RuntimeError):
+    """The DSL's own host code flagged this launch as invalid (its printf error path)."""
+
+
 class CaptureError(RuntimeError):
     """A kernel would have to be loaded while a CUDA graph is being captured."""
 
@@ -115,6 +119,11 @@ class Library:
             raise DeviceMismatch(
                 f"variant {var.entry.name} is built for {var.entry.arch} but device {ordinal} is {arch}; "
                 f"refusing to load it")
+        optin = driver.device_attribute(driver.MAX_SMEM_OPTIN, ordinal)
+        if var.entry.smem_bytes > optin:
+            raise DeviceMismatch(
+                f"variant {var.entry.name} needs {var.entry.smem_bytes} bytes of dynamic shared memory per block; "
+                f"device {ordinal} allows {optin}")
         if capturing:
             raise CaptureError(
                 f"kernel {var.entry.name} is not loaded on device {ordinal} yet and a CUDA graph is being "
@@ -205,6 +214,8 @@ class Library:
             else:                                      # a shape the cache could not patch: one-off
                 cfg = driver.launch_config(rec)
                 kp, _keep = driver.param_array(rec.params)
+            if rec.printf:   # the DSL's host code reports a launch it knows will fail (e.g. SMEM over the limit)
+                raise LaunchRefused(f"host code of {var.entry.name} refused this launch: {rec.printf.strip()}")
             driver.launch(cfg, dk.kernels[rec.kernel], kp, rec.stream)
 
 

@@ -175,3 +175,41 @@ def test_select_prefers_small_tile_for_small_m():
 def test_select_refusals(prob, pattern):
     with pytest.raises(select.UnsupportedProblem, match=pattern):
         select.choose([_v("a"), _v("z", r=0)], _p(**prob))
+
+
+# ---------------------------------------------------------------- launch-time refusals (driver stubbed)
+def test_host_code_error_path_refuses_the_launch(monkeypatch):
+    """When the DSL's host code takes its printf error path, the loader raises instead of launching."""
+    import threading
+    import weakref
+
+    from svdq_loader import driver, library
+    from svdq_loader.hostvm import LaunchRecord
+    rec = LaunchRecord("svdq_k", (1, 1, 1), (128, 1, 1), 300000, 0, [], [b"\0" * 8],
+                       printf="Error: launch shared memory exceeds current GPU arch sm_90a allowed.\n")
+    launched = []
+    monkeypatch.setattr(driver, "launch", lambda *a: launched.append(a))
+    var = SimpleNamespace(lock=threading.Lock(), plan=SimpleNamespace(get=lambda args: rec),
+                          configs=weakref.WeakKeyDictionary(), entry=SimpleNamespace(name="v"))
+    dk = SimpleNamespace(kernels={"svdq_k": object()})
+    with pytest.raises(library.LaunchRefused, match="launch shared memory exceeds"):
+        library.Library._launch(var, dk, [0])
+    assert not launched
+    rec.printf = ""
+    library.Library._launch(var, dk, [0])
+    assert len(launched) == 1
+
+
+def test_variant_needing_more_smem_than_the_device_is_refused(tiny_artifacts, monkeypatch):
+    import svdq_loader
+    from svdq_loader import driver, library
+    lib = svdq_loader.load(str(tiny_artifacts))
+    var = next(iter(lib._variants.values()))
+    monkeypatch.setattr(driver, "device_arch", lambda ordinal: "sm_90a")
+    monkeypatch.setattr(driver, "device_attribute", lambda attr, ordinal: 48 * 1024)
+    monkeypatch.setattr(driver, "DeviceKernels", lambda *a, **k: pytest.fail("must not load"))
+    with pytest.raises(library.DeviceMismatch, match=rf"needs {var.entry.smem_bytes} bytes .* allows 49152"):
+        lib._device_kernels(var, 0, False)
+    monkeypatch.setattr(driver, "device_arch", lambda ordinal: "sm_100a")
+    with pytest.raises(library.DeviceMismatch, match=r"built for sm_90a but device 0 is sm_100a"):
+        lib._device_kernels(var, 0, False)
