@@ -87,7 +87,7 @@ def main(argv=None) -> int:
                loader=svdq_loader.__version__, artifacts=a.artifacts, results=rows)
     with open(a.json, "w") as f:
         json.dump(doc, f, indent=1)
-    print(f"\n| M | K | N | R | dtype | ms | TFLOP/s | host µs/call |\n|---|---|---|---|---|---|---|---|")
+    print("\n| M | K | N | R | dtype | ms | TFLOP/s | host µs/call |\n|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['m']} | {r['k']} | {r['n']} | {r['rank']} | {r['out_dtype']} | {r['median_ms']:.3f} | "
               f"{r['tflops']:.1f} | {r['host_us_per_call']:.1f} |")

@@ -15,7 +15,6 @@ cleanly:
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import threading
@@ -26,7 +25,7 @@ from . import driver, select
 from .hostvm import HostProgram
 from .launch_plan import CachedLaunch, LaunchPlanCache
 from ._version import __version__
-from .manifest import ArtifactIntegrityError, ManifestError, read_manifest
+from .manifest import ManifestError, read_artifacts, read_manifest
 
 KNOWN_HOST_ARGS = frozenset(("act", "ascales", "wgt", "wscales", "lora_act_in", "lora_up", "wcscale", "bias",
                              "out", "m", "n", "k", "stream"))
@@ -56,27 +55,6 @@ class _Variant:
     configs: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)  # CachedLaunch -> CUlaunchConfig
 
 
-def _read_verified(root: str, fname: str, sha256: str) -> bytes:
-    if os.path.basename(fname) != fname or fname in ("", ".", ".."):
-        raise ArtifactIntegrityError(f"artifact file name {fname!r} is not a plain file name")
-    path = os.path.join(root, fname)
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise ArtifactIntegrityError(f"cannot read artifact {path}: {e.strerror}") from None
-    got = hashlib.sha256(data).hexdigest()
-    if got != sha256:
-        raise ArtifactIntegrityError(
-            f"artifact {path} was modified or corrupted: sha256 {got} != manifest {sha256}; "
-            f"refusing to load it (rebuild or re-copy the artifacts)")
-    return data
-
-
-def _fields(obj):
-    return obj if isinstance(obj, dict) else vars(obj)
-
-
 class Library:
     """Artifacts loaded from one directory. Thread-safe loading; launches are plain calls."""
 
@@ -87,11 +65,10 @@ class Library:
         self._variants: dict[str, _Variant] = {}
         self._arch: dict[int, str] = {}          # device ordinal -> arch, asked once
         self._choice: dict = {}                  # select.Problem -> _Variant
+        files = read_artifacts(self.manifest, self.path)      # every sha256 checked, no CUDA
         for v in self.manifest.variants:
-            cubin = _read_verified(self.path, v.cubin, v.sha256)
-            hp = _fields(v.host_program)
-            doc = json.loads(_read_verified(self.path, hp["file"], hp["sha256"]))
-            program = HostProgram.from_dict(doc)
+            cubin = files[v.cubin]
+            program = HostProgram.from_dict(json.loads(files[v.host_program.file]))
             names = [a[0] for a in v.host_args]
             unknown = [n for n in names if n not in KNOWN_HOST_ARGS]
             if unknown:
@@ -100,8 +77,7 @@ class Library:
                     f"that this loader ({__version__}) does not know; the artifacts need a newer svdq_loader")
             kinds = [a[1] for a in v.host_args]
             ptr_idx = [i for i, kd in enumerate(kinds) if kd in ("ptr", "stream")]
-            sizes = {sym: [p[2] if isinstance(p, (list, tuple)) else p["size"] for p in params]
-                     for sym, params in v.params.items()}
+            sizes = {sym: [p.size for p in params] for sym, params in v.params.items()}
             self._variants[v.name] = _Variant(v, cubin, program, LaunchPlanCache(program, ptr_idx, sizes), names)
 
     # -- introspection -----------------------------------------------------
@@ -131,10 +107,8 @@ class Library:
         with self._lock:
             state = var.per_device.get(ordinal)
             if state is None:
-                params = {sym: [tuple(p) if isinstance(p, (list, tuple)) else (p["index"], p["offset"], p["size"])
-                                for p in ps] for sym, ps in var.entry.params.items()}
                 dk = driver.DeviceKernels(var.cubin, var.entry.kernel_symbols, ordinal,
-                                          var.program.load_plan, params)
+                                          var.program.load_plan, var.entry.params)
                 state = dk
                 var.per_device[ordinal] = state
         return state
@@ -206,6 +180,8 @@ class Library:
     def _launch(var: _Variant, dk, args) -> None:
         with var.lock:
             rec = var.plan.get(args)
+            if rec.printf:   # the DSL's host code reports a launch it knows will fail (e.g. SMEM over the limit)
+                raise LaunchRefused(f"host code of {var.entry.name} refused this launch: {rec.printf.strip()}")
             if rec.__class__ is CachedLaunch:          # the usual case: pointer-patched in place
                 cfg = var.configs.get(rec)
                 if cfg is None:
@@ -214,8 +190,6 @@ class Library:
             else:                                      # a shape the cache could not patch: one-off
                 cfg = driver.launch_config(rec)
                 kp, _keep = driver.param_array(rec.params)
-            if rec.printf:   # the DSL's host code reports a launch it knows will fail (e.g. SMEM over the limit)
-                raise LaunchRefused(f"host code of {var.entry.name} refused this launch: {rec.printf.strip()}")
             driver.launch(cfg, dk.kernels[rec.kernel], kp, rec.stream)
 
 

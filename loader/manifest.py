@@ -497,10 +497,11 @@ def sha256_file(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def verify_artifacts(manifest: Manifest, directory: str | os.PathLike) -> list[Path]:
-    """Check every referenced file exists inside `directory` with the recorded size and SHA-256.
+def read_artifacts(manifest: Manifest, directory: str | os.PathLike) -> dict[str, bytes]:
+    """Read every file the manifest names and check it: inside `directory`, recorded size and SHA-256.
 
-    Pure file I/O, no CUDA.  Returns the verified paths; raises
+    Pure file I/O, no CUDA.  The hash is taken of the bytes returned, so what
+    a caller loads is exactly what was verified.  Raises
     `ArtifactIntegrityError` naming each bad file with expected vs actual.
     """
     d = Path(directory)
@@ -509,7 +510,7 @@ def verify_artifacts(manifest: Manifest, directory: str | os.PathLike) -> list[P
     except (FileNotFoundError, OSError):
         raise ArtifactIntegrityError(f"{d}: artifact directory does not exist") from None
     problems: list[str] = []
-    ok: list[Path] = []
+    ok: dict[str, bytes] = {}
     for name, expected, size in manifest.files():
         # Defence in depth: the reader already rejects such names.
         if not _FILE_RE.fullmatch(name) or ".." in name:
@@ -527,17 +528,20 @@ def verify_artifacts(manifest: Manifest, directory: str | os.PathLike) -> list[P
         if not real.is_file():
             problems.append(f"{path}: not a regular file")
             continue
-        if size is not None:
-            actual_size = real.stat().st_size
-            if actual_size != size:
-                problems.append(f"{path}: size mismatch: manifest expects {size} bytes, file has "
-                                f"{actual_size} (expected sha256 {expected})")
-                continue
-        actual = sha256_file(real)
+        try:
+            data = real.read_bytes()
+        except OSError as e:
+            problems.append(f"{path}: cannot read: {e.strerror}")
+            continue
+        if size is not None and len(data) != size:
+            problems.append(f"{path}: size mismatch: manifest expects {size} bytes, file has "
+                            f"{len(data)} (expected sha256 {expected})")
+            continue
+        actual = hashlib.sha256(data).hexdigest()
         if actual != expected:
             problems.append(f"{path}: sha256 mismatch: manifest expects {expected}, file has {actual}")
             continue
-        ok.append(path)
+        ok[name] = data
     if problems:
         head = f"{len(problems)} artifact file(s) in {d} failed verification" if len(problems) > 1 \
             else "artifact file failed verification"
@@ -545,6 +549,11 @@ def verify_artifacts(manifest: Manifest, directory: str | os.PathLike) -> list[P
                                      + " (the files were modified or not copied completely; rebuild or re-copy)",
                                      problems)
     return ok
+
+
+def verify_artifacts(manifest: Manifest, directory: str | os.PathLike) -> list[Path]:
+    """`read_artifacts` for its checks only; returns the verified paths."""
+    return [Path(directory) / name for name in read_artifacts(manifest, directory)]
 
 
 def open_artifacts(directory: str | os.PathLike) -> Manifest:

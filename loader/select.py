@@ -27,14 +27,9 @@ class Problem:
     k: int
 
 
-def _knob(v, key):
-    knobs = v.knobs if isinstance(v.knobs, dict) else vars(v.knobs)
-    return knobs[key]
-
-
 def _waste_then_big_tile(p: Problem, v) -> tuple:
     """sm_90a: fewest padded rows in the last M tile, then the larger tile."""
-    tm, tn = _knob(v, "tile_m"), _knob(v, "tile_n")
+    tm, tn = v.knobs.tile_m, v.knobs.tile_n
     tiles_m = -(-p.m // tm)
     return (tiles_m * tm - p.m > tm // 2, tiles_m * (p.n // tn), -tm * tn)
 
@@ -45,11 +40,11 @@ HEURISTICS: dict[str, Callable[[Problem, object], tuple]] = {
 
 
 def shape_problem(v, p: Problem) -> str | None:
-    req = v.requirements if isinstance(v.requirements, dict) else vars(v.requirements)
-    if p.n % req["n_multiple"]:
-        return f"N={p.n} is not a multiple of {req['n_multiple']}"
-    if p.k % req["k_multiple"]:
-        return f"K={p.k} is not a multiple of {req['k_multiple']}"
+    req = v.requirements
+    if p.n % req.n_multiple:
+        return f"N={p.n} is not a multiple of {req.n_multiple}"
+    if p.k % req.k_multiple:
+        return f"K={p.k} is not a multiple of {req.k_multiple}"
     return None
 
 
@@ -61,10 +56,10 @@ def choose(variants: Sequence, p: Problem):
             f"no kernel built for this device's arch {p.arch}; the artifacts hold {built}. "
             f"Rebuild with '{p.arch}' in the config's archs.")
     feats = [v for v in on_arch
-             if (_knob(v, "out_dtype"), _knob(v, "rank"), bool(_knob(v, "wcscale")), bool(_knob(v, "bias")))
+             if (v.knobs.out_dtype, v.knobs.rank, bool(v.knobs.wcscale), bool(v.knobs.bias))
              == (p.out_dtype, p.rank, p.wcscale, p.bias)]
     if not feats:
-        have = sorted({(_knob(v, "out_dtype"), _knob(v, "rank"), bool(_knob(v, "wcscale")), bool(_knob(v, "bias")))
+        have = sorted({(v.knobs.out_dtype, v.knobs.rank, bool(v.knobs.wcscale), bool(v.knobs.bias))
                        for v in on_arch})
         raise UnsupportedProblem(
             f"no {p.arch} kernel for out_dtype={p.out_dtype}, lora rank={p.rank}, "

@@ -144,8 +144,9 @@ def test_misaligned_pointer_is_refused():
 # ---------------------------------------------------------------- selection
 def _v(name, arch="sm_90a", dt="bf16", r=32, wc=True, b=True, tm=128, tn=128, tk=64):
     return SimpleNamespace(name=name, arch=arch,
-                           knobs=dict(out_dtype=dt, rank=r, wcscale=wc, bias=b, tile_m=tm, tile_n=tn, tile_k=tk),
-                           requirements=dict(n_multiple=tn, k_multiple=tk))
+                           knobs=SimpleNamespace(out_dtype=dt, rank=r, wcscale=wc, bias=b, tile_m=tm, tile_n=tn,
+                                                 tile_k=tk),
+                           requirements=SimpleNamespace(n_multiple=tn, k_multiple=tk))
 
 
 def _p(**kw):
