@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import platform
+import re
 import tempfile
 import time
 from dataclasses import dataclass
@@ -20,14 +22,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 from svdq_loader.manifest import (
-    SCHEMA_VERSION, ConfigRef, Generator, HostProgram, Knobs, Manifest, ManifestError, ParamInfo,
-    RejectedEntry, Requirements, Shape, VariantEntry,
+    SCHEMA_VERSION, ConfigRef, Generator, HostProgram, Manifest, ManifestError, ParamInfo,
+    RejectedEntry, Resources, Shape, VariantEntry,
 )
+from svdq_loader.ops import op_spec
 
 from . import __version__
 from .artifacts import ArtifactDir, sha256_bytes
-from .config import Config, load_config
-from .variants import FamilyUnavailable, Variant, enumerate_variants, family_module, family_name
+from .config import Config, ConfigError, check_sections, load_config
+from .variants import FamilyUnavailable, Variant, enumerate_variants, feature_combinations
 
 ProgressFn = Callable[[str], Any]
 
@@ -44,7 +47,10 @@ class CompileResult:
     entry: str
     kernel_symbols: tuple[str, ...]
     params: dict[str, tuple[tuple[int, int, int], ...]]
+    resources: dict[str, tuple[int, int, int]]   # symbol -> (registers, stack frame, static smem)
     smem_bytes: int
+    requirements: dict[str, int]
+    launch_recipe: dict | None
     seconds: float
 
 
@@ -54,16 +60,36 @@ def _kernel_params(cubin: bytes) -> dict:
     return kernel_params(cubin)
 
 
+def _kernel_resources(cubin: bytes) -> dict[str, tuple[int, int, int]]:
+    """symbol -> (registers, stack frame bytes, static smem), from the cubin's .nv.info."""
+    from svdq_loader.cubin_info import cubin_info
+    return {n: (int(k.regcount or 0), int(k.frame_size or 0), int(k.static_smem))
+            for n, k in cubin_info(cubin).kernels.items()}
+
+
 def _serialize_host(compiled: Any) -> Any:
     from svdq_aot.host_ir import serialize_host
     return serialize_host(compiled)
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
 def _one_line(e: BaseException) -> str:
-    msg = " ".join(str(e).split())
+    """The exception as one plain line (the DSL colours its messages: colour codes are dropped)."""
+    msg = " ".join(_ANSI.sub("", str(e)).split())
     if len(msg) > 400:
         msg = msg[:397] + "..."
     return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+
+
+def _derive_recipe(variant: Variant, host: dict, params: dict, requirements: dict) -> dict | None:
+    """The launch recipe of this variant, derived from its host program and checked against it (or None)."""
+    try:
+        from .derive_recipe import derive_for_op
+    except ImportError:  # pragma: no cover - recipe derivation not available
+        return None
+    return derive_for_op(op_spec(variant.op), host, params, requirements)
 
 
 def compile_one(variant: Variant) -> CompileResult:
@@ -71,13 +97,13 @@ def compile_one(variant: Variant) -> CompileResult:
     name = variant.name
     t0 = time.perf_counter()
     try:
-        fam = family_module(variant.arch)
+        fam = variant.family()
     except (KeyError, FamilyUnavailable) as e:
         raise BuildError(f"variant {name}: {_one_line(e)}") from e
-
+    knobs = variant.knob_dict
     with tempfile.TemporaryDirectory(prefix="svdq-aot-dump-") as dump:
         try:
-            cv = fam.compile_variant(variant, dump)
+            cv = fam.compile(variant.arch, knobs, name, dump)
         except Exception as e:  # noqa: BLE001
             raise BuildError(f"variant {name}: compile failed: {_one_line(e)}") from e
 
@@ -88,8 +114,8 @@ def compile_one(variant: Variant) -> CompileResult:
     if not cubin.startswith(b"\x7fELF"):
         raise BuildError(f"variant {name}: compile output is not an ELF cubin (starts {cubin[:8]!r})")
     symbols = tuple(cv.kernel_symbols)
-    if not symbols or not all(isinstance(s, str) and s for s in symbols):
-        raise BuildError(f"variant {name}: compile reported no kernel symbols ({symbols!r})")
+    if not symbols or not all(isinstance(s, str) and s.startswith(name) for s in symbols):
+        raise BuildError(f"variant {name}: kernel symbols {symbols!r} must all start with the variant name")
     entry = cv.entry
     if not isinstance(entry, str) or not entry:
         raise BuildError(f"variant {name}: compile reported no host entry name ({entry!r})")
@@ -99,15 +125,17 @@ def compile_one(variant: Variant) -> CompileResult:
 
     try:
         all_params = _kernel_params(cubin)
+        all_res = _kernel_resources(cubin)
     except Exception as e:  # noqa: BLE001
         raise BuildError(f"variant {name}: reading kernel parameter info from the cubin failed: "
                          f"{_one_line(e)}") from e
-    params = {}
+    params, resources = {}, {}
     for sym in symbols:
         if sym not in all_params:
             raise BuildError(f"variant {name}: kernel symbol {sym!r} has no parameter info in the cubin "
                              f"(cubin kernels: {sorted(all_params)})")
         params[sym] = tuple(tuple(int(x) for x in p) for p in all_params[sym])
+        resources[sym] = all_res.get(sym, (0, 0, 0))
 
     try:
         host = _serialize_host(cv.compiled)
@@ -115,36 +143,74 @@ def compile_one(variant: Variant) -> CompileResult:
     except Exception as e:  # noqa: BLE001 (HostIRError, or a non-JSON value)
         raise BuildError(f"variant {name}: host program serialisation failed: {_one_line(e)}") from e
     del cv
+    requirements = variant.requirements()
+    try:
+        recipe = _derive_recipe(variant, json.loads(host_json), params, requirements)
+    except Exception as e:  # noqa: BLE001 - a recipe is an optimisation: fall back to the interpreter
+        recipe = None
+        if os.environ.get("SVDQ_STRICT_RECIPES") == "1":
+            raise BuildError(f"variant {name}: launch recipe derivation failed: {_one_line(e)}") from e
     return CompileResult(variant=variant, cubin=cubin, host_json=host_json, entry=entry,
-                         kernel_symbols=symbols, params=params, smem_bytes=smem,
+                         kernel_symbols=symbols, params=params, resources=resources, smem_bytes=smem,
+                         requirements=requirements, launch_recipe=recipe,
                          seconds=time.perf_counter() - t0)
 
 
-def check_coverage(config: Config, valid: list[Variant], rejected: list[tuple[Variant, str]]) -> None:
-    """Every shape must be served by a valid variant for every (arch, dtype, rank, wcscale, bias)."""
-    missing = []
+def _feature_keys(spec, feats: dict, config: Config) -> list[str]:
+    """``ranks[2]=128``-style config keys of a feature combination."""
+    out = []
+    for f in spec.features:
+        if f.source == "arch":
+            continue
+        values = list(getattr(config, f.source))
+        v = feats[f.name]
+        i = next(j for j, x in enumerate(values) if x == v and type(x) is type(v))
+        out.append(f"{f.source}[{i}]={str(v).lower() if isinstance(v, bool) else v}")
+    return out
+
+
+def coverage_gaps(config: Config, valid: list[Variant],
+                  rejected: list[tuple[Variant, str]]) -> list[tuple[str, str]]:
+    """(config key, problem) for every requested problem no valid variant serves."""
+    gaps: list[tuple[str, str]] = []
     for arch in config.archs:
-        for dtype in config.out_dtypes:
-            for rank in config.ranks:
-                for wc in config.wcscale:
-                    for b in config.bias:
-                        key = (arch, dtype, rank, wc, b)
-                        mine = [v for v in valid if (v.arch, v.out_dtype, v.rank, v.wcscale, v.bias) == key]
-                        for s in config.shapes:
-                            if any(v.serves(s.k, s.n) for v in mine):
-                                continue
-                            why = [f"{v.name}: {r}" for v, r in rejected
-                                   if (v.arch, v.out_dtype, v.rank, v.wcscale, v.bias) == key
-                                   and v.serves(s.k, s.n)]
-                            missing.append(
-                                f"shape {s.name} (K={s.k}, N={s.n}) has no valid variant for {arch} {dtype} "
-                                f"rank {rank} wcscale={'on' if wc else 'off'} bias={'on' if b else 'off'}"
-                                + (f" (rejected: {why[0]}{f' and {len(why) - 1} more' if len(why) > 1 else ''})"
-                                   if why else " (no configured tile divides it)"))
-    if missing:
-        more = f"; ... and {len(missing) - 3} more" if len(missing) > 3 else ""
-        raise BuildError(f"{config.path}: {len(missing)} (shape, variant-group) combination(s) cannot be served: "
-                         + "; ".join(missing[:3]) + more)
+        for op, _section in config.sections(arch):
+            spec = op_spec(op)
+            mine = [v for v in valid if (v.op, v.arch) == (op, arch)]
+            reqs = {v: v.requirements() for v in mine}
+            for feats in feature_combinations(op, arch, config):
+                key = spec.feature_key(feats)
+                cands = [v for v in mine if v.feature_key == key]
+                fkeys = _feature_keys(spec, feats, config)
+                if not cands:
+                    why = [r for v, r in rejected if (v.op, v.arch) == (op, arch) and v.feature_key == key]
+                    detail = f"every variant was rejected, e.g.: {why[0]}" if why else "no variant was enumerated"
+                    culprit = next((k for k in fkeys if k.startswith("ranks[")), fkeys[0] if fkeys else op)
+                    gaps.append((culprit.split("=")[0], f"{op} on {arch} has no valid variant for "
+                                                        f"{', '.join(fkeys)} ({detail})"))
+                    continue
+                for label, where, dims in spec.coverage_problems(config):
+                    if any(spec.shape_problem(reqs[v], dims) is None for v in cands):
+                        continue
+                    rule = spec.shape_problem(reqs[cands[0]], dims)
+                    gaps.append((where, f"{label} is not served by any {op} variant on {arch} for "
+                                        f"{', '.join(fkeys)} ({cands[0].name}: {rule})"))
+    return gaps
+
+
+def check_coverage(config: Config, valid: list[Variant], rejected: list[tuple[Variant, str]]) -> None:
+    """BuildError summarising every coverage gap by config key (first gap of each key in full)."""
+    gaps = coverage_gaps(config, valid, rejected)
+    if not gaps:
+        return
+    by_key: dict[str, list[str]] = {}
+    for k, text in gaps:
+        by_key.setdefault(k, []).append(text)
+    parts = [f"{k}: {texts[0]}" + (f" (+{len(texts) - 1} similar)" if len(texts) > 1 else "")
+             for k, texts in list(by_key.items())[:4]]
+    more = f"; and {len(by_key) - 4} more config keys" if len(by_key) > 4 else ""
+    raise BuildError(f"{config.path}: {len(gaps)} requested combination(s) cannot be served: "
+                     + "; ".join(parts) + more)
 
 
 def _generator() -> Generator:
@@ -158,15 +224,17 @@ def _generator() -> Generator:
 
 def _entry(r: CompileResult) -> VariantEntry:
     v = r.variant
-    fam = family_module(v.arch)
     return VariantEntry(
-        name=v.name, arch=v.arch, family=family_name(v.arch), knobs=Knobs(**v.knobs()),
+        name=v.name, op=v.op, arch=v.arch, family=v.family().NAME, knobs=v.knob_dict,
+        requirements=dict(r.requirements),
         cubin=f"{v.name}.cubin", sha256=sha256_bytes(r.cubin), size=len(r.cubin),
         host_program=HostProgram(file=f"{v.name}.host.json", sha256=sha256_bytes(r.host_json)),
         entry=r.entry, kernel_symbols=r.kernel_symbols,
         params={s: tuple(ParamInfo(*p) for p in ps) for s, ps in r.params.items()},
-        host_args=tuple((str(a), str(k)) for a, k in getattr(fam, "HOST_ARGS", ())),
-        smem_bytes=r.smem_bytes, requirements=Requirements(**v.requirements))
+        host_args=op_spec(v.op).host_args,
+        smem_bytes=r.smem_bytes,
+        resources={s: Resources(*t) for s, t in r.resources.items()},
+        launch_recipe=r.launch_recipe)
 
 
 def _compile_all(valid: list[Variant], jobs: int, progress: ProgressFn | None) -> list[CompileResult]:
@@ -221,6 +289,7 @@ def build(config_path: str | Path, out_dir: str | Path, *, jobs: int = 1,
     """
     config = load_config(config_path)
     try:
+        check_sections(config)
         valid, rejected = enumerate_variants(config)
     except FamilyUnavailable as e:
         raise BuildError(str(e)) from e

@@ -1,5 +1,8 @@
 """`svdq-aot` command line: build, variants, verify, bench.
 
+`bench` forwards its arguments to `svdq_loader.testing.bench` (which needs
+torch and a GPU, not the DSL); `svdq-aot bench --help` lists its options.
+
 Errors the user can act on (bad config, failed variant, locked or tampered
 artifact directory) print one ``Error: ...`` line and exit 1; no traceback.
 """
@@ -10,12 +13,13 @@ from pathlib import Path
 
 import click
 
-from svdq_loader.manifest import ArtifactError, read_manifest, verify_artifacts
+from svdq_loader.manifest import ArtifactError
+from svdq_loader.verify import open_artifacts
 
 from . import __version__
 from .artifacts import BuildLocked
 from .build import BuildError, build as run_build
-from .config import ConfigError, load_config
+from .config import ConfigError, check_sections, load_config
 from .variants import FamilyUnavailable, enumerate_variants
 
 _USER_ERRORS = (ConfigError, BuildError, BuildLocked, FamilyUnavailable, ArtifactError, OSError)
@@ -57,6 +61,7 @@ def variants(config: Path) -> None:
     """List the variants CONFIG yields, valid and rejected (with reasons); compiles nothing."""
     try:
         cfg = load_config(config)
+        check_sections(cfg)
         valid, rejected = enumerate_variants(cfg)
     except _USER_ERRORS as e:
         raise _fail(e) from None
@@ -70,27 +75,25 @@ def variants(config: Path) -> None:
 @main.command()
 @click.argument("directory", type=click.Path(path_type=Path))
 def verify(directory: Path) -> None:
-    """Check DIR's manifest and the SHA-256 of every file it names (no GPU)."""
+    """Check DIR as load() does: schema, checksum, every file's SHA-256, host programs, cross-checks (no GPU)."""
     try:
-        m = read_manifest(directory)
-        files = verify_artifacts(m, directory)
+        arts = open_artifacts(directory)
     except _USER_ERRORS as e:
         raise _fail(e) from None
+    m = arts.manifest
     g = m.generator
-    click.echo(f"OK: {directory}: {len(m.variants)} variant(s), {len(files)} file(s) verified "
+    click.echo(f"OK: {directory}: {len(m.variants)} variant(s), {len(m.files())} file(s) verified and "
+               f"cross-checked "
                f"(config {m.config.name}, built by {g.package} {g.package_version} with {g.dsl} "
                f"{g.dsl_version}, python {g.python})")
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                                 "help_option_names": []})
 @click.pass_context
 def bench(ctx: click.Context) -> None:
-    """Time gemm_w4a4 through the loader on this machine's GPU (JSON + table).
-
-    Options are those of `python -m svdq_loader.bench` (--artifacts, --json, --rank,
-    --dtype, --shapes). Needs a GPU; does not need the DSL.
-    """
-    from svdq_loader.bench import main as bench_main
+    """Benchmark both operators on this machine's GPU against same-run baselines (`bench --help`)."""
+    from svdq_loader.testing.bench import main as bench_main
     ctx.exit(bench_main(ctx.args))
 
 

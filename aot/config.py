@@ -1,28 +1,37 @@
-"""Build configuration: YAML -> frozen, fully validated `Config`.
+"""Build configuration: YAML -> frozen, validated `Config`.
 
 Schema (every key required, no others allowed)::
 
     name: flux                     # [A-Za-z0-9][A-Za-z0-9_.-]*
-    archs: [sm_90a]                # archs with a kernel family (svdq_kernels.registry)
-    out_dtypes: [bf16, fp16]       # subset of fp16, bf16
+    archs: [sm_90a, sm_100a]       # archs some kernel family builds (svdq_kernels.registry)
+    out_dtypes: [bf16, fp16]       # model dtypes: GEMM output / activation dtype
     ranks: [0, 16, 32]             # LoRA ranks: integers >= 0, multiples of 16
-    wcscale: [true, false]         # which on/off settings to build
+    wcscale: [true, false]         # GEMM: which on/off settings to build
     bias: [true, false]
     shapes:                        # named (K, N) linear shapes the build must cover
       qkv: {k: 3072, n: 9216}
-    variants:                      # per-arch variant axes, one entry per arch in `archs`
+    variants:                      # per arch: the operators to build, each with its family's axes
       sm_90a:
-        tiles: [[128, 128, 64]]    # [tile_m, tile_n, tile_k], positive integers
-        clusters: [[1, 1]]         # [cluster_m, cluster_n], positive integers
-        stages: [auto]             # positive integers or "auto" (the family default)
+        gemm_w4a4:
+          tiles: [[128, 128, 64]]  # family-specific keys (see the family's config_axes)
+          stages: [auto]
+        quantize_act: {}           # {} = the family's defaults
+      sm_100a:
+        quantize_act: {}
 
-Lists must be non-empty and free of duplicates.  Every shape must have
-N % tile_n == 0 and K % tile_k == 0 for at least one tile of every arch.
-Whether a knob combination can actually be built is the kernel family's
-call (`Variant.invalid_reason`), not the config's.
+Lists must be non-empty and free of duplicates.  Operators are a
+first-class axis: each arch lists the ops it builds, and every (op, arch)
+must have a registered kernel family.  The feature knobs of each op come
+from the top-level keys (the op spec says which); `quantize_act` builds one
+variant per (out_dtype, rank) and its scale layout follows the arch.
+
+Validation happens in two steps: `load_config` checks the structure (no
+kernel family imported), `check_sections` asks each family about its own
+section (imports the DSL).  Which knob combinations can be built, and which
+shapes they cover, is decided later by the families and the op specs.
 
 Every problem raises `ConfigError` naming the file, the key path, the value
-and the rule; all problems found are reported together on one line.
+and the rule; all problems found are reported together.
 """
 from __future__ import annotations
 
@@ -36,22 +45,21 @@ import yaml
 
 KNOWN_DTYPES = ("fp16", "bf16")
 #: Archs people may ask for that have no kernel family yet.
-_FUTURE_ARCHS = ("sm_100a", "sm_103a", "sm_120a")
+_FUTURE_ARCHS = ("sm_120a", "sm_121a")
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _SHAPE_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TOP_KEYS = ("name", "archs", "out_dtypes", "ranks", "wcscale", "bias", "shapes", "variants")
-_ARCH_KEYS = ("tiles", "clusters", "stages")
-
-Stage = Union[int, str]  # int >= 1 or "auto"
 
 
 class ConfigError(ValueError):
-    """An invalid build config.  `problems` lists each one; str() joins them on one line."""
+    """An invalid build config.  `problems` lists each one; str() joins them (at most 8 shown)."""
 
     def __init__(self, problems: list[str] | str):
         self.problems = [problems] if isinstance(problems, str) else list(problems)
-        super().__init__("; ".join(self.problems) if len(self.problems) == 1
-                         else f"{len(self.problems)} problems: " + "; ".join(self.problems))
+        shown = self.problems[:8]
+        more = f"; ... and {len(self.problems) - 8} more" if len(self.problems) > 8 else ""
+        super().__init__("; ".join(shown) if len(self.problems) == 1
+                         else f"{len(self.problems)} problems: " + "; ".join(shown) + more)
 
 
 @dataclass(frozen=True)
@@ -63,10 +71,9 @@ class ShapeSpec:
 
 @dataclass(frozen=True)
 class ArchVariants:
+    """``variants.<arch>``: the ops to build on `arch`, each with its family's config section."""
     arch: str
-    tiles: tuple[tuple[int, int, int], ...]
-    clusters: tuple[tuple[int, int], ...]
-    stages: tuple[Stage, ...]
+    ops: tuple[tuple[str, Any], ...]   # (op, section mapping), in config order
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,10 @@ class Config:
     @property
     def variants(self) -> dict[str, ArchVariants]:
         return {a.arch: a for a in self.arch_variants}
+
+    def sections(self, arch: str) -> tuple[tuple[str, Any], ...]:
+        """(op, section) pairs configured for `arch`."""
+        return self.variants[arch].ops
 
     @property
     def file_name(self) -> str:
@@ -234,8 +245,6 @@ class _Validator:
         raw_archs = data.get("archs") if isinstance(data.get("archs"), list) else []
         arch_vars = self.variants(data.get("variants"), archs, raw_archs) if "variants" in data else []
         self.fail_now()
-        self.coverage(shapes, arch_vars)
-        self.fail_now()
         return Config(name=name, archs=tuple(archs), out_dtypes=tuple(dtypes), ranks=tuple(ranks),
                       wcscale=tuple(wcscale), bias=tuple(bias), shapes=tuple(shapes),
                       arch_variants=tuple(arch_vars), path=self.source, sha256=sha256)
@@ -244,8 +253,7 @@ class _Validator:
         lst = self.nonempty_list(data, "archs", "arch names")
         if lst is None:
             return []
-        from .variants import known_archs
-        known = known_archs()
+        known = _known_archs()
         out = []
         for i, a in enumerate(lst):
             if not isinstance(a, str):
@@ -327,8 +335,9 @@ class _Validator:
 
     def variants(self, data: Any, archs: list[str], listed: list) -> list[ArchVariants]:
         if not isinstance(data, dict):
-            self.bad("variants", data, "expected a mapping of arch -> {tiles, clusters, stages}")
+            self.bad("variants", data, "expected a mapping of arch -> {op: section}")
             return []
+        registered = _registered()
         out = []
         for arch in data:
             if arch not in listed:
@@ -338,50 +347,68 @@ class _Validator:
         for arch in archs:
             path = f"variants.{arch}"
             if arch not in data:
-                self.bad(path, _MISSING, "missing key: every arch in archs needs its variant axes")
+                self.bad(path, _MISSING, "missing key: every arch in archs needs the operators to build")
                 continue
-            m = self.mapping(data[arch], path, _ARCH_KEYS, "tiles, clusters, stages")
-            if m is None:
+            m = data[arch]
+            ops_here = [o for o, a in registered if a == arch]
+            if not isinstance(m, dict) or not m:
+                self.bad(path, m, f"expected a non-empty mapping of operator -> section "
+                                  f"(operators with a family on {arch}: {', '.join(ops_here)})")
                 continue
-            tiles = self.int_tuples(m.get("tiles"), f"{path}.tiles", 3, "[tile_m, tile_n, tile_k]") \
-                if "tiles" in m else []
-            clusters = self.int_tuples(m.get("clusters"), f"{path}.clusters", 2, "[cluster_m, cluster_n]") \
-                if "clusters" in m else []
-            stages = self.stages(m.get("stages"), f"{path}.stages") if "stages" in m else []
-            out.append(ArchVariants(arch=arch, tiles=tuple(tiles), clusters=tuple(clusters),
-                                    stages=tuple(stages)))
+            ops = []
+            for op, section in m.items():
+                if (op, arch) not in registered:
+                    self.bad(f"{path}.{op}", section,
+                             f"no kernel family builds operator {op!r} on {arch} "
+                             f"(operators with a family on {arch}: {', '.join(ops_here) or 'none'})")
+                    continue
+                if section is None:
+                    section = {}
+                if not isinstance(section, dict):
+                    self.bad(f"{path}.{op}", section, "expected a mapping of the family's keys ({} for defaults)")
+                    continue
+                ops.append((op, _freeze(section)))
+            out.append(ArchVariants(arch=arch, ops=tuple(ops)))
         return out
 
-    def int_tuples(self, data: Any, path: str, n: int, what: str) -> list[tuple]:
-        lst = self.nonempty_list(data, path, f"{what} lists")
-        if lst is None:
-            return []
-        out = []
-        for i, t in enumerate(lst):
-            if not (isinstance(t, list) and len(t) == n and all(_is_int(x) and x > 0 for x in t)):
-                self.bad(f"{path}[{i}]", t, f"expected {what}: a list of {n} positive integers")
-            else:
-                out.append(tuple(t))
-        self.no_dupes(lst, path)
-        return out
 
-    def stages(self, data: Any, path: str) -> list[Stage]:
-        lst = self.nonempty_list(data, path, "stage counts")
-        if lst is None:
-            return []
-        for i, s in enumerate(lst):
-            if s == "auto" and isinstance(s, str):
-                continue
-            if not _is_int(s) or s < 1:
-                self.bad(f"{path}[{i}]", s, "expected a positive integer stage count or 'auto'")
-        self.no_dupes(lst, path)
-        return list(lst)
+class _FrozenDict(dict):
+    """A config section: a plain mapping that is hashable (so `Config` stays frozen)."""
 
-    def coverage(self, shapes: list[ShapeSpec], arch_vars: list[ArchVariants]) -> None:
-        for av in arch_vars:
-            for s in shapes:
-                if not any(s.n % tn == 0 and s.k % tk == 0 for (_, tn, tk) in av.tiles):
-                    tiles = [list(t) for t in av.tiles]
-                    self.bad(f"shapes.{s.name}", {"k": s.k, "n": s.n},
-                             f"shape {s.name} (K={s.k}, N={s.n}) is not served by any tile of "
-                             f"variants.{av.arch}.tiles {tiles}: needs N % tile_n == 0 and K % tile_k == 0")
+    def __hash__(self):  # type: ignore[override]
+        return hash(repr(sorted(self.items(), key=lambda kv: str(kv[0]))))
+
+
+def _freeze(section: dict) -> _FrozenDict:
+    return _FrozenDict(section)
+
+
+def _registered() -> tuple[tuple[str, str], ...]:
+    try:
+        from svdq_kernels import registry
+    except ImportError:
+        return ()
+    return tuple(registry.FAMILIES)
+
+
+def _known_archs() -> tuple[str, ...]:
+    return tuple(dict.fromkeys(a for _, a in _registered()))
+
+
+def check_sections(config: Config) -> None:
+    """Ask each (op, arch) family about its config section; ConfigError with key paths on problems.
+
+    Imports the kernel families (and so the DSL).
+    """
+    from .variants import FamilyUnavailable, family_module
+    problems = []
+    for av in config.arch_variants:
+        for op, section in av.ops:
+            try:
+                fam = family_module(op, av.arch)
+            except FamilyUnavailable:
+                raise
+            _, probs = fam.config_axes(av.arch, dict(section))
+            problems += [f"{config.path}: variants.{av.arch}.{op}.{p}" for p in probs]
+    if problems:
+        raise ConfigError(problems)

@@ -1,39 +1,56 @@
-"""Kernel families by target architecture (build time only).
+"""Kernel families by (operator, arch) -- build time only.
 
-Each family module exposes ``HOST_ARGS``, ``SUPPORTED``,
-``resource_problem(variant)`` and ``compile_variant(variant, dump_dir)``.
-Importing a family imports the CuTe DSL; this module itself does not.
+``FAMILIES`` maps ``(op, arch)`` to the module that builds it; one module
+may serve several archs (``quantize_act`` is one source for sm_90a,
+sm_100a and sm_103a).  `family(op, arch)` imports the module (which imports
+the CuTe DSL) and checks it against the family contract
+(`svdq_aot.family.check_family`); this module itself imports neither.
 """
 from __future__ import annotations
 
 import importlib
 from types import ModuleType
 
-#: arch string (as in ``Variant.arch``) -> importable module name
-FAMILIES: dict[str, str] = {
-    "sm_90a": "svdq_kernels.sm90_w4a4",
+FAMILIES: dict[tuple[str, str], str] = {
+    ("gemm_w4a4", "sm_90a"): "svdq_kernels.sm90_gemm_w4a4",
+    ("quantize_act", "sm_90a"): "svdq_kernels.quantize_act",
+    ("quantize_act", "sm_100a"): "svdq_kernels.quantize_act",
+    ("quantize_act", "sm_103a"): "svdq_kernels.quantize_act",
 }
 
 
-class UnknownArchError(KeyError):
-    """No kernel family is registered for the requested architecture."""
+class UnknownFamilyError(KeyError):
+    """No kernel family is registered for the requested (op, arch)."""
 
-    def __init__(self, arch: str):
-        self.arch = arch
-        self.supported = tuple(sorted(FAMILIES))
-        super().__init__(arch)
+    def __init__(self, op: str, arch: str):
+        self.op, self.arch = op, arch
+        super().__init__((op, arch))
 
     def __str__(self) -> str:  # KeyError would repr() the bare key
-        return (
-            f"no svdq kernel family for arch {self.arch!r}; "
-            f"supported archs: {', '.join(self.supported) or '(none)'}"
-        )
+        have = ", ".join(f"{o}@{a}" for o, a in FAMILIES) or "(none)"
+        return f"no svdq kernel family for op {self.op!r} on arch {self.arch!r}; registered: {have}"
 
 
-def family(arch: str) -> ModuleType:
-    """The kernel-family module that builds ``arch`` (imports the DSL)."""
+def archs() -> tuple[str, ...]:
+    """Every arch some family builds, in registry order."""
+    return tuple(dict.fromkeys(a for _, a in FAMILIES))
+
+
+def ops_for(arch: str) -> tuple[str, ...]:
+    return tuple(o for o, a in FAMILIES if a == arch)
+
+
+def family(op: str, arch: str) -> ModuleType:
+    """The family module that builds `op` for `arch` (imports the DSL; contract-checked)."""
     try:
-        module_name = FAMILIES[arch]
+        module_name = FAMILIES[(op, arch)]
     except KeyError:
-        raise UnknownArchError(arch) from None
-    return importlib.import_module(module_name)
+        raise UnknownFamilyError(op, arch) from None
+    mod = importlib.import_module(module_name)
+    from svdq_aot.family import check_family
+    check_family(mod, where=module_name)
+    if mod.OP != op or arch not in mod.ARCHS:
+        from svdq_aot.family import FamilyContractError
+        raise FamilyContractError(f"kernel family {module_name} is registered for {op}@{arch} but declares "
+                                  f"OP={mod.OP!r}, ARCHS={mod.ARCHS!r}")
+    return mod

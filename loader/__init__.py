@@ -1,12 +1,14 @@
 """svdq_loader: the DSL-free runtime of svdq-aot.
 
     import svdq_loader
-    lib = svdq_loader.load("artifacts")       # manifest + sha256 checks, no CUDA yet
-    y = lib.gemm_w4a4(act, wgt, ascales, wscales, lora_act_in=la, lora_up=lu,
-                      wcscale=wc, bias=b, out_dtype=torch.bfloat16)
+    lib = svdq_loader.load("artifacts")       # manifest checksum, sha256s, cross-checks; no CUDA yet
+    act, ascales, la = lib.quantize_act(x, smooth=smooth, lora_down=lora_down)
+    y = lib.gemm_w4a4(act, w, ascales, lora_act_in=la)        # w = lib.prepare_weight(...)
 
-Imports only the standard library, numpy, `cuda.bindings` and (for the
-operator) torch.  Never the CuTe DSL, never a compiler.
+``import svdq_loader`` imports only the standard library; numpy,
+`cuda.bindings` and torch are imported when a library is loaded or an
+operator is called.  Never the CuTe DSL, never a compiler.  Test and
+benchmark helpers live in `svdq_loader.testing` (imported on demand).
 """
 from ._version import __version__
 
@@ -14,7 +16,7 @@ __all__ = ["__version__", "load", "Library"]
 
 
 def load(path: str = "artifacts"):
-    """Read, validate and sha256-verify the artifacts in `path` (no CUDA call)."""
+    """Read, validate, sha256-verify and cross-check the artifacts in `path` (no CUDA call)."""
     from .library import load as _load
     return _load(path)
 

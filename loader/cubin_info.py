@@ -84,7 +84,13 @@ class CubinInfo:
 
     @property
     def sm(self) -> int | None:
-        """SM number encoded in the ELF flags (e.g. 90, 100), best effort."""
+        """SM number encoded in the ELF flags (e.g. 90, 100, 103).
+
+        ELF ABI version 8 (sm_100 and later toolchains) keeps it in bits 8-15
+        of e_flags; version 7 in bits 0-7 (and, for older cubins, 16-23).
+        """
+        if self.abi_version >= 8:
+            return (self.e_flags >> 8) & 0xFF or None
         v = self.e_flags & 0xFF
         if self.abi_version >= 7 or v == (self.e_flags >> 16) & 0xFF:
             return v or None

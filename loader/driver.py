@@ -143,9 +143,9 @@ class DeviceKernels:
 
         Launches go to the primary context (the one torch's streams belong to):
         the caller then wraps the launch in `push_primary()` / `pop()`.
+        (libcuda's cuCtxGetCurrent through ctypes: this is on every call's path.)
         """
-        cur = check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
-        return int(cur) != self._primary_int
+        return current_context() != self._primary_int
 
     def push_primary(self) -> None:
         check(cu.cuCtxPushCurrent(self.primary_ctx), "cuCtxPushCurrent")
@@ -192,3 +192,95 @@ def param_array(params: Sequence[bytes]):
 def launch(cfg, kernel, kernel_params_address: int, stream: int) -> None:
     cfg.hStream = cu.CUstream(stream)
     check(cu.cuLaunchKernelEx(cfg, kernel, kernel_params_address, 0), "cuLaunchKernelEx")
+
+
+# ---------------------------------------------------------------------------
+# Raw launches through ctypes (the per-call fast path of `launcher.Launcher`)
+# ---------------------------------------------------------------------------
+
+class CUlaunchAttributeRaw(ctypes.Structure):
+    """The driver's `CUlaunchAttribute` (x86-64): id, 4 bytes padding, 64-byte value union."""
+    _fields_ = [("id", ctypes.c_uint), ("_pad", ctypes.c_char * 4), ("value", ctypes.c_char * 64)]
+
+
+class CUlaunchConfigRaw(ctypes.Structure):
+    """The driver's `CUlaunchConfig` (56 bytes on x86-64)."""
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.c_void_p), ("numAttrs", ctypes.c_uint)]
+
+
+def raw_launch_config(grid, block, smem: int, attrs) -> CUlaunchConfigRaw:
+    """A prebuilt `CUlaunchConfig` in C memory; per launch only `.hStream` is set.
+
+    `attrs`: `[(id, 64 value bytes)]` as the host code wrote them (the
+    runtime's `cudaLaunchAttribute` value union has the driver's layout).
+    The attribute array is kept alive by the returned object.
+    """
+    cfg = CUlaunchConfigRaw(*(int(v) for v in grid), *(int(v) for v in block), int(smem), None, None, 0)
+    if attrs:
+        arr = (CUlaunchAttributeRaw * len(attrs))()
+        for a, (attr_id, value) in zip(arr, attrs):
+            a.id = int(attr_id)
+            value = bytes(value)[:64]
+            ctypes.memmove(ctypes.addressof(a) + CUlaunchAttributeRaw.value.offset, value, len(value))
+        cfg._attr_array = arr
+        cfg.attrs = ctypes.addressof(arr)
+        cfg.numAttrs = len(attrs)
+    return cfg
+
+
+_raw_fn = None
+
+
+def raw_launch_kernel_ex():
+    """libcuda's `cuLaunchKernelEx(const CUlaunchConfig*, CUfunction, void**, void**) -> CUresult` via ctypes.
+
+    Arguments are plain ints (addresses/handles); a `CUkernel` handle may be
+    passed as the `CUfunction` (the driver accepts it since CUDA 12.0).
+    """
+    global _raw_fn
+    if _raw_fn is None:
+        fn = _libcuda().cuLaunchKernelEx
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        fn.restype = ctypes.c_int
+        _raw_fn = fn
+    return _raw_fn
+
+
+_ctx_get = None
+
+
+def current_context() -> int:
+    """The calling thread's current CUcontext handle (0 if none), via libcuda directly."""
+    global _ctx_get
+    if _ctx_get is None:
+        fn = _libcuda().cuCtxGetCurrent
+        fn.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        fn.restype = ctypes.c_int
+        _ctx_get = fn
+    out = ctypes.c_void_p()          # per call: threads must not share it
+    rc = _ctx_get(ctypes.byref(out))
+    if rc:
+        raise CudaError(f"cuCtxGetCurrent failed: {error_name(rc)} ({rc})")
+    return out.value or 0
+
+
+def _libcuda():
+    import sys
+    return ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
+
+
+def error_name(rc: int) -> str:
+    """The driver's name for a `CUresult` value, e.g. 'CUDA_ERROR_INVALID_VALUE'."""
+    try:
+        err, name = cu.cuGetErrorName(cu.CUresult(int(rc)))
+        if err == cu.CUresult.CUDA_SUCCESS:
+            return name.decode() if isinstance(name, bytes) else str(name)
+    except Exception:  # noqa: BLE001 - no driver: fall back to the enum's name
+        pass
+    try:
+        return cu.CUresult(int(rc)).name
+    except ValueError:
+        return f"CUresult {int(rc)}"

@@ -1,201 +1,250 @@
-"""`load(path)`: verified artifacts -> per-device kernels -> `gemm_w4a4`.
+"""`load(path)`: verified artifacts -> per-(variant, device) launchers -> the operators.
 
 Order of work, so that a bad artifact or a wrong device fails early and
 cleanly:
-  1. read + validate the manifest, read every cubin and host program and
-     check its sha256 (no CUDA call yet; works on a machine with no GPU);
-  2. on first use of a device: check its compute capability against the
-     chosen variant's arch, then load that cubin on that device
-     (`cuLibraryLoadData`, context independent) and replay the DSL's own
-     per-device load function (kernel attributes);
-  3. per call: check the tensors (ops.plan_call), choose a variant
-     (select.choose), get the launch from the cached plan (pointer
-     patching; the host program is interpreted once per shape), launch
-     with `cuLaunchKernelEx` on the caller's current torch stream.
+  1. `verify.open_artifacts`: manifest (schema, checksum), every file's
+     SHA-256, host programs parsed, every fact cross-checked against the
+     bytes (no CUDA call; works on a machine with no GPU);
+  2. per call: the op's `plan_call` checks the tensors (metadata only),
+     one cached lookup of (problem, device) gives the launcher, which fills
+     the parameters and calls `cuLaunchKernelEx` on the caller's current
+     torch stream;
+  3. the first time a variant is needed on a device: its arch and shared
+     memory are checked against the device, then the cubin is loaded there
+     (`cuLibraryLoadData`, context independent) and the DSL's own per-device
+     load function is replayed (kernel attributes).
 """
 from __future__ import annotations
 
-import json
 import os
 import threading
-import weakref
-from dataclasses import dataclass, field
 
 from . import driver, select
-from .hostvm import HostProgram
-from .launch_plan import CachedLaunch, LaunchPlanCache
-from ._version import __version__
-from .manifest import ManifestError, read_artifacts, read_manifest
+from .errors import CaptureError, DeviceMismatch, InvalidArgument
+from .launcher import Launcher
+from .ops import OPS, gemm_w4a4 as gemm_op, quantize_act as quant_op
+from .verify import open_artifacts
 
-KNOWN_HOST_ARGS = frozenset(("act", "ascales", "wgt", "wscales", "lora_act_in", "lora_up", "wcscale", "bias",
-                             "out", "m", "n", "k", "stream"))
-
-
-class DeviceMismatch(RuntimeError):
-    """A variant was built for another GPU architecture than the device's."""
-
-
-class LaunchRefused(RuntimeError):
-    """The DSL's own host code flagged this launch as invalid (its printf error path)."""
-
-
-class CaptureError(RuntimeError):
-    """A kernel would have to be loaded while a CUDA graph is being captured."""
-
-
-@dataclass
-class _Variant:
-    entry: object                 # manifest variant entry
-    cubin: bytes
-    program: HostProgram
-    plan: LaunchPlanCache
-    arg_names: list
-    per_device: dict = field(default_factory=dict)   # ordinal -> DeviceKernels
-    lock: threading.Lock = field(default_factory=threading.Lock)  # cached launches are patched in place
-    configs: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)  # CachedLaunch -> CUlaunchConfig
+_SM_COUNT = 16  # CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+_GEMM_SMS = gemm_op.SM_COUNT_INDEX
+_GEMM_STREAM = gemm_op.STREAM_INDEX
+_QUANT_STREAM = quant_op.STREAM_INDEX
+try:  # the class of a plain tensor, for the hot path's device lookup (torch is optional at import)
+    from torch import Tensor as _Tensor
+except ImportError:  # pragma: no cover
+    _Tensor = None
 
 
 class Library:
-    """Artifacts loaded from one directory. Thread-safe loading; launches are plain calls."""
+    """Artifacts loaded from one directory.  Thread-safe; launches go on the caller's current stream."""
 
     def __init__(self, path: str):
         self.path = os.path.abspath(path)
-        self.manifest = read_manifest(self.path)
+        arts = open_artifacts(self.path)
+        self.manifest = arts.manifest
+        self._verified = arts.variants
         self._lock = threading.Lock()
-        self._variants: dict[str, _Variant] = {}
-        self._arch: dict[int, str] = {}          # device ordinal -> arch, asked once
-        self._choice: dict = {}                  # select.Problem -> _Variant
-        files = read_artifacts(self.manifest, self.path)      # every sha256 checked, no CUDA
-        for v in self.manifest.variants:
-            cubin = files[v.cubin]
-            program = HostProgram.from_dict(json.loads(files[v.host_program.file]))
-            names = [a[0] for a in v.host_args]
-            unknown = [n for n in names if n not in KNOWN_HOST_ARGS]
-            if unknown:
-                raise ManifestError(
-                    f"{os.path.join(self.path, 'manifest.json')}: variant {v.name} has host arguments {unknown} "
-                    f"that this loader ({__version__}) does not know; the artifacts need a newer svdq_loader")
-            kinds = [a[1] for a in v.host_args]
-            ptr_idx = [i for i, kd in enumerate(kinds) if kd in ("ptr", "stream")]
-            sizes = {sym: [p.size for p in params] for sym, params in v.params.items()}
-            self._variants[v.name] = _Variant(v, cubin, program, LaunchPlanCache(program, ptr_idx, sizes), names)
+        self._launchers: dict[tuple[str, int], Launcher] = {}
+        self._arch: dict[int, str] = {}           # device ordinal -> arch
+        self._sms: dict[int, int] = {}            # device ordinal -> SM count
+        self._choice: dict[tuple, Launcher] = {}  # (op, ordinal, features, dims) -> launcher
+        self._arg_order = {op: spec.arg_names for op, spec in OPS.items()}
 
     # -- introspection -----------------------------------------------------
     @property
     def variants(self):
-        return [v.entry for v in self._variants.values()]
+        return [v.entry for v in self._verified.values()]
 
-    # -- device handling ---------------------------------------------------
-    def _device_kernels(self, var: _Variant, ordinal: int, capturing: bool):
-        state = var.per_device.get(ordinal)
-        if state is not None:
-            return state
-        arch = driver.device_arch(ordinal)
-        if arch != var.entry.arch:
-            raise DeviceMismatch(
-                f"variant {var.entry.name} is built for {var.entry.arch} but device {ordinal} is {arch}; "
-                f"refusing to load it")
-        optin = driver.device_attribute(driver.MAX_SMEM_OPTIN, ordinal)
-        if var.entry.smem_bytes > optin:
-            raise DeviceMismatch(
-                f"variant {var.entry.name} needs {var.entry.smem_bytes} bytes of dynamic shared memory per block; "
-                f"device {ordinal} allows {optin}")
-        if capturing:
-            raise CaptureError(
-                f"kernel {var.entry.name} is not loaded on device {ordinal} yet and a CUDA graph is being "
-                f"captured; call lib.warmup(device={ordinal}) (or run once) before capturing")
-        with self._lock:
-            state = var.per_device.get(ordinal)
-            if state is None:
-                dk = driver.DeviceKernels(var.cubin, var.entry.kernel_symbols, ordinal,
-                                          var.program.load_plan, var.entry.params)
-                state = dk
-                var.per_device[ordinal] = state
-        return state
+    def explain(self, op: str, arch: str, features: tuple, **dims):
+        """The variant `select` would choose for a problem (raises UnsupportedProblem with the reasons)."""
+        p = select.Problem(op, arch, tuple(features), tuple(dims.items()))
+        return select.choose(self.variants, p)
 
-    def warmup(self, device=None) -> int:
-        """Load every variant whose arch matches `device` (default: current). Returns how many."""
-        import torch
-        if device is None:
-            ordinal = torch.cuda.current_device()
-        else:
-            ordinal = torch.device("cuda", device).index if isinstance(device, int) else torch.device(device).index
-        arch = driver.device_arch(ordinal)
-        n = 0
-        for var in self._variants.values():
-            if var.entry.arch == arch:
-                self._device_kernels(var, ordinal, False)
-                n += 1
-        return n
-
-    # -- the operator --------------------------------------------------------
-    def prepare_weight(self, wgt, wscales, *, lora_up=None, wcscale=None, bias=None):
-        from .ops import prepare_weight
-        return prepare_weight(wgt, wscales, lora_up=lora_up, wcscale=wcscale, bias=bias)
-
-    def gemm_w4a4(self, act, wgt, ascales, wscales=None, *, lora_act_in=None, lora_up=None, wcscale=None,
-                  bias=None, out=None, out_dtype=None):
-        """y = (A·Wᵀ)·wcscale + bias + lora_act_in·lora_upᵀ (DESIGN.md §2). Returns `out`."""
-        import torch
-        from .ops import PreparedWeight, InvalidArgument, plan_call, prepare_weight
-        if isinstance(wgt, PreparedWeight):
-            extra = [n for n, x in (("wscales", wscales), ("lora_up", lora_up), ("wcscale", wcscale),
-                                    ("bias", bias)) if x is not None]
-            if extra:
-                raise InvalidArgument(f"wgt is a PreparedWeight; {', '.join(extra)} belong to prepare_weight(), "
-                                      f"not to the call")
-            weight = wgt
-        else:
-            if wscales is None:
-                raise InvalidArgument("wscales is required unless wgt is a PreparedWeight")
-            weight = prepare_weight(wgt, wscales, lora_up=lora_up, wcscale=wcscale, bias=bias)
-        call = plan_call(act, weight, ascales, lora_act_in=lora_act_in, out=out, out_dtype=out_dtype)
-        ordinal = act.device.index
+    # -- devices -----------------------------------------------------------
+    def _device_arch(self, ordinal: int) -> str:
         arch = self._arch.get(ordinal)
         if arch is None:
             arch = self._arch[ordinal] = driver.device_arch(ordinal)
-        prob = select.Problem(arch, call.out_dtype, call.rank, call.wcscale, call.bias, call.m, call.n, call.k)
-        var = self._choice.get(prob)
-        if var is None:
-            var = self._variants[select.choose(self.variants, prob).name]
+            self._sms[ordinal] = driver.device_attribute(_SM_COUNT, ordinal)
+        return arch
+
+    def _launcher(self, name: str, ordinal: int, capturing: bool) -> Launcher:
+        ln = self._launchers.get((name, ordinal))
+        if ln is not None:
+            return ln
+        vv = self._verified[name]
+        e = vv.entry
+        arch = self._device_arch(ordinal)
+        if arch != e.arch:
+            raise DeviceMismatch(f"variant {e.name} is built for {e.arch} but device {ordinal} is {arch}; "
+                                 f"refusing to load it")
+        optin = driver.device_attribute(driver.MAX_SMEM_OPTIN, ordinal)
+        static = max((r.static_smem for r in e.resources.values()), default=0)
+        if e.smem_bytes + static > optin:
+            raise DeviceMismatch(f"variant {e.name} needs {e.smem_bytes + static} bytes of shared memory per "
+                                 f"block ({e.smem_bytes} dynamic + {static} static); device {ordinal} allows {optin}")
+        if capturing:
+            raise CaptureError(f"kernel {e.name} is not loaded on device {ordinal} yet and a CUDA graph is "
+                               f"being captured; call lib.preload() (or run once) before capturing")
+        with self._lock:
+            ln = self._launchers.get((name, ordinal))
+            if ln is None:
+                dk = driver.DeviceKernels(vv.cubin, e.kernel_symbols, ordinal, vv.program.load_plan,
+                                          {s: [tuple(p) for p in ps] for s, ps in e.params.items()})
+                ln = Launcher.for_variant(vv, dk)
+                self._launchers[(name, ordinal)] = ln
+        return ln
+
+    def preload(self, device=None) -> int:
+        """Load every variant built for the device's arch (default: the current device). Returns how many."""
+        ordinal = _ordinal(device)
+        arch = self._device_arch(ordinal)
+        n = 0
+        for name, vv in self._verified.items():
+            if vv.entry.arch == arch:
+                self._launcher(name, ordinal, False)
+                n += 1
+        return n
+
+    warmup = preload
+
+    def _resolve(self, op: str, ordinal: int, features: tuple, dims: tuple, capturing: bool) -> Launcher:
+        key = (op, ordinal, features, dims)
+        ln = self._choice.get(key)
+        if ln is None:
+            arch = self._device_arch(ordinal)
+            entry = select.choose(self.variants, select.Problem(op, arch, features, dims))
+            ln = self._launcher(entry.name, ordinal, capturing)
             if len(self._choice) > 65536:
                 self._choice.clear()
-            self._choice[prob] = var
-        dk = var.per_device.get(ordinal)
-        if dk is None:
-            dk = self._device_kernels(var, ordinal, torch.cuda.is_current_stream_capturing())
-        values = dict(call.pointers, m=call.m, n=call.n, k=call.k, stream=_current_stream(ordinal))
-        args = [values[name] for name in var.arg_names]
-        foreign = dk.foreign_context()
-        if foreign:                        # launch in torch's (primary) context, restore the caller's after
-            dk.push_primary()
-        try:
-            self._launch(var, dk, args)
-        finally:
-            if foreign:
-                dk.pop()
-        return call.out
+            self._choice[key] = ln
+        return ln
 
-    @staticmethod
-    def _launch(var: _Variant, dk, args) -> None:
-        with var.lock:
-            rec = var.plan.get(args)
-            if rec.printf:   # the DSL's host code reports a launch it knows will fail (e.g. SMEM over the limit)
-                raise LaunchRefused(f"host code of {var.entry.name} refused this launch: {rec.printf.strip()}")
-            if rec.__class__ is CachedLaunch:          # the usual case: pointer-patched in place
-                cfg = var.configs.get(rec)
-                if cfg is None:
-                    cfg = var.configs[rec] = driver.launch_config(rec)
-                kp = rec.kernel_params_address
-            else:                                      # a shape the cache could not patch: one-off
-                cfg = driver.launch_config(rec)
-                kp, _keep = driver.param_array(rec.params)
-            driver.launch(cfg, dk.kernels[rec.kernel], kp, rec.stream)
+    # -- operators ---------------------------------------------------------
+    def prepare_weight(self, wgt, wscales, *, lora_up=None, wcscale=None, bias=None):
+        """Check and convert the weight side of `gemm_w4a4` once (see `ops.gemm_w4a4.PreparedWeight`)."""
+        return gemm_op.prepare_weight(wgt, wscales, lora_up=lora_up, wcscale=wcscale, bias=bias)
+
+    def gemm_w4a4(self, act, wgt, ascales, wscales=None, *, lora_act_in=None, lora_up=None, wcscale=None,
+                  bias=None, out=None, out_dtype=None):
+        """y = (A·Wᵀ)·wcscale + bias + lora_act_in·lora_upᵀ. Returns `out` (allocated if not given)."""
+        plain = wscales is None and lora_up is None and wcscale is None and bias is None
+        prepared = wgt.__class__ is gemm_op.PreparedWeight
+        if plain != prepared:
+            _weight_form_error(wgt, wscales, lora_up, wcscale, bias)
+        ordinal = act.get_device() if act.__class__ is _Tensor else -1
+        if ordinal < 0:
+            ordinal = _tensor_ordinal(act)
+        arch = self._arch.get(ordinal) or self._device_arch(ordinal)
+        fast = gemm_op.fast_args(arch, act, wgt, ascales, lora_act_in, out, out_dtype) if plain else None
+        if fast is None:
+            fast = self._gemm_checked(arch, act, wgt, ascales, wscales, lora_act_in, lora_up, wcscale, bias,
+                                      out, out_dtype)
+        feats, dims, out, args = fast
+        ln = self._choice.get(("gemm_w4a4", ordinal, feats, dims))
+        if ln is None:
+            ln = self._resolve("gemm_w4a4", ordinal, feats, dims, _capturing())
+        args[_GEMM_SMS] = self._sms[ordinal]
+        args[_GEMM_STREAM] = _current_stream(ordinal)
+        _launch_in_primary(ln, args)
+        return out
+
+    def _gemm_checked(self, arch, act, wgt, ascales, wscales, lora_act_in, lora_up, wcscale, bias, out, out_dtype):
+        """The detailed path: every rule checked with its own message (raises InvalidArgument)."""
+        if isinstance(wgt, gemm_op.PreparedWeight):
+            _weight_form_error(wgt, wscales, lora_up, wcscale, bias)
+            weight = wgt
+        else:
+            _weight_form_error(wgt, wscales, lora_up, wcscale, bias)
+            weight = gemm_op.prepare_weight(wgt, wscales, lora_up=lora_up, wcscale=wcscale, bias=bias)
+        call = gemm_op.plan_call(arch, act, weight, ascales, lora_act_in=lora_act_in, out=out, out_dtype=out_dtype)
+        values = dict(call.pointers, m=call.m, n=call.n, k=call.k, sm_count=0, stream=0)
+        return (call.features, (("m", call.m), ("n", call.n), ("k", call.k)), call.out,
+                [values[a] for a in self._arg_order["gemm_w4a4"]])
+
+    def quantize_act(self, x, *, smooth=None, lora_down=None, out_act=None, out_scales=None, out_lora=None):
+        """x [M, K] -> (act [M, K/2] uint8, ascales in this device's GEMM layout, lora_act_in [M, R] or None)."""
+        ordinal = x.get_device() if x.__class__ is _Tensor else -1
+        if ordinal < 0:
+            ordinal = _tensor_ordinal(x)
+        arch = self._arch.get(ordinal) or self._device_arch(ordinal)
+        fast = None
+        if out_act is None and out_scales is None and out_lora is None:
+            fast = quant_op.fast_args(arch, x, smooth, lora_down)
+        if fast is None:
+            call = quant_op.plan_call(arch, x, smooth=smooth, lora_down=lora_down, out_act=out_act,
+                                      out_scales=out_scales, out_lora=out_lora)
+            values = dict(call.pointers, m=call.m, k=call.k, use_smooth=call.use_smooth, stream=0)
+            fast = (call.features, (("m", call.m), ("k", call.k)), call.outputs,
+                    [values[a] for a in self._arg_order["quantize_act"]])
+        feats, dims, outputs, args = fast
+        ln = self._choice.get(("quantize_act", ordinal, feats, dims))
+        if ln is None:
+            ln = self._resolve("quantize_act", ordinal, feats, dims, _capturing())
+        args[_QUANT_STREAM] = _current_stream(ordinal)
+        _launch_in_primary(ln, args)
+        return outputs
+
+
+def _weight_form_error(wgt, wscales, lora_up, wcscale, bias) -> None:
+    """Raise if the weight side is given in neither of its two forms (prepared, or raw tensors)."""
+    if isinstance(wgt, gemm_op.PreparedWeight):
+        extra = [n for n, x in (("wscales", wscales), ("lora_up", lora_up), ("wcscale", wcscale),
+                                ("bias", bias)) if x is not None]
+        if extra:
+            raise InvalidArgument(f"wgt is a PreparedWeight; {', '.join(extra)} belong to prepare_weight(), "
+                                  f"not to the call")
+    elif wscales is None:
+        raise InvalidArgument("wscales is required unless wgt is a PreparedWeight")
+
+
+def _launch_in_primary(ln: Launcher, args) -> None:
+    """Launch in the device's primary context (torch's), restoring a foreign current context after."""
+    dk = ln.device
+    if dk.foreign_context():
+        dk.push_primary()
+        try:
+            ln.launch(args)
+        finally:
+            dk.pop()
+    else:
+        ln.launch(args)
+
+
+def _tensor_ordinal(t) -> int:
+    from .ops.checks import torch_module
+    torch_module()                       # no torch: say so (TorchMissing), not "not a tensor"
+    dev = getattr(t, "device", None)
+    if dev is None:
+        raise InvalidArgument(f"expected a torch CUDA tensor, got {type(t).__name__}")
+    if dev.type != "cuda":
+        raise InvalidArgument(f"tensors must be CUDA tensors, got one on {dev}")
+    return dev.index if dev.index is not None else 0
+
+
+def _ordinal(device) -> int:
+    from .ops.checks import torch_module
+    torch = torch_module()
+    if not torch.cuda.is_available():
+        raise DeviceMismatch("torch sees no CUDA device (is this a CPU-only torch build, or no GPU?); "
+                             "kernels can only be loaded on a CUDA GPU")
+    if device is None:
+        return torch.cuda.current_device()
+    if isinstance(device, int):
+        return device
+    d = torch.device(device)
+    return d.index if d.index is not None else torch.cuda.current_device()
+
+
+def _capturing() -> bool:
+    from .ops.checks import torch_module
+    return torch_module().cuda.is_current_stream_capturing()
 
 
 def _current_stream(ordinal: int) -> int:
     """The raw handle of torch's current stream on `ordinal` (the public call costs ~3 µs more)."""
-    import torch
+    from .ops.checks import torch_module
+    torch = torch_module()
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     if raw is not None:
         return raw(ordinal)
@@ -203,5 +252,5 @@ def _current_stream(ordinal: int) -> int:
 
 
 def load(path: str = "artifacts") -> Library:
-    """Read, validate and verify the artifacts in `path`. No CUDA call is made here."""
+    """Read, validate and cross-check the artifacts in `path`. No CUDA call is made here."""
     return Library(path)

@@ -1,25 +1,29 @@
-"""The artifact manifest: typed records, JSON (de)serialisation, validation, integrity.
+"""The artifact manifest: typed records, JSON (de)serialisation, validation, checksum.
 
 Pure Python, standard library only.  The runtime imports this with no DSL,
 no torch and no CUDA installed; the builder (`svdq_aot`) imports it to write.
 
 Reading is strict: every key is type-checked, unknown and missing keys are
 errors, and every error names the file, the key path and the value found.
-`verify_artifacts` checks that every file the manifest names exists inside
-the artifact directory and has the recorded SHA-256; run it before any CUDA
-call so a tampered or half-copied artifact set fails early and clearly.
+The manifest carries a SHA-256 over its own canonical body (``checksum``),
+so an edit of ``manifest.json`` itself is refused; `svdq_loader.artifacts`
+then checks every file's hash and cross-checks each variant's facts against
+the bytes they describe.
 
-Layout of ``manifest.json`` (schema_version 1)::
+Layout of ``manifest.json`` (schema_version 2)::
 
-    {"schema_version": 1,
+    {"schema_version": 2,
+     "checksum": sha256 of the canonical JSON of everything else,
      "generator": {"package", "package_version", "dsl", "dsl_version", "python"},
      "config": {"name", "sha256", "file"},
      "shapes": [{"name", "k", "n"}],
-     "variants": [{"name", "arch", "family", "knobs": {...}, "cubin", "sha256", "size",
+     "variants": [{"name", "op", "arch", "family", "knobs": {knob: bool|int|str, ...},
+                   "requirements": {name: int}, "cubin", "sha256", "size",
                    "host_program": {"file", "sha256"}, "entry", "kernel_symbols",
                    "params": {symbol: [{"index", "offset", "size"}]},
                    "host_args": [[name, kind]], "smem_bytes",
-                   "requirements": {"n_multiple", "k_multiple", "ptr_align"}}],
+                   "resources": {symbol: {"registers", "stack_frame_bytes", "static_smem"}},
+                   "launch_recipe": {...} | null}],
      "rejected": [{"name", "reason"}]}
 """
 from __future__ import annotations
@@ -34,9 +38,9 @@ from typing import Any, Iterable, NamedTuple
 
 from ._version import __version__ as LOADER_VERSION
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 #: Schema versions this reader understands.
-READABLE_SCHEMA_VERSIONS = (1,)
+READABLE_SCHEMA_VERSIONS = (2,)
 MANIFEST_NAME = "manifest.json"
 GENERATOR_PACKAGE = "svdq-aot"
 
@@ -90,20 +94,6 @@ class Shape:
 
 
 @dataclass(frozen=True)
-class Knobs:
-    out_dtype: str
-    rank: int
-    wcscale: bool
-    bias: bool
-    tile_m: int
-    tile_n: int
-    tile_k: int
-    cluster_m: int
-    cluster_n: int
-    stages: int
-
-
-@dataclass(frozen=True)
 class HostProgram:
     file: str
     sha256: str
@@ -117,18 +107,21 @@ class ParamInfo(NamedTuple):
 
 
 @dataclass(frozen=True)
-class Requirements:
-    n_multiple: int
-    k_multiple: int
-    ptr_align: int
+class Resources:
+    """Per kernel symbol, as read from the cubin at build time (and cross-checked at load)."""
+    registers: int
+    stack_frame_bytes: int
+    static_smem: int
 
 
 @dataclass(frozen=True)
 class VariantEntry:
     name: str
+    op: str
     arch: str
     family: str
-    knobs: Knobs
+    knobs: dict[str, Any]          # op features then family tuning knobs, in order
+    requirements: dict[str, int]   # what the op's shape rule reads (n_multiple, k_multiple, ...)
     cubin: str
     sha256: str
     size: int
@@ -138,12 +131,11 @@ class VariantEntry:
     params: dict[str, tuple[ParamInfo, ...]]
     host_args: tuple[tuple[str, str], ...]
     smem_bytes: int
-    requirements: Requirements
+    resources: dict[str, Resources]
+    launch_recipe: dict | None = None
 
-    def serves(self, k: int, n: int) -> bool:
-        """True when this variant's shape rules accept a (K, N) problem."""
-        r = self.requirements
-        return n % r.n_multiple == 0 and k % r.k_multiple == 0
+    def __hash__(self) -> int:
+        return hash((self.name, self.sha256))
 
 
 @dataclass(frozen=True)
@@ -178,7 +170,8 @@ class Manifest:
         return out
 
     # -- serialisation ----------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
+    def body(self) -> dict[str, Any]:
+        """Everything but the checksum (what the checksum covers)."""
         return {
             "schema_version": self.schema_version,
             "generator": _plain(self.generator),
@@ -187,6 +180,10 @@ class Manifest:
             "variants": [_variant_to_dict(v) for v in self.variants],
             "rejected": [_plain(r) for r in self.rejected],
         }
+
+    def to_dict(self) -> dict[str, Any]:
+        body = self.body()
+        return {"schema_version": body.pop("schema_version"), "checksum": body_checksum(self.body()), **body}
 
     def to_json(self) -> str:
         """Deterministic JSON text (stable key order, trailing newline)."""
@@ -205,12 +202,20 @@ def _plain(obj) -> dict[str, Any]:
     return {k: getattr(obj, k) for k in obj.__dataclass_fields__}
 
 
+def body_checksum(body: dict) -> str:
+    """SHA-256 of the canonical JSON of a manifest body (sorted keys, no spaces, ASCII)."""
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def _variant_to_dict(v: VariantEntry) -> dict[str, Any]:
     return {
         "name": v.name,
+        "op": v.op,
         "arch": v.arch,
         "family": v.family,
-        "knobs": _plain(v.knobs),
+        "knobs": dict(v.knobs),
+        "requirements": dict(v.requirements),
         "cubin": v.cubin,
         "sha256": v.sha256,
         "size": v.size,
@@ -220,7 +225,8 @@ def _variant_to_dict(v: VariantEntry) -> dict[str, Any]:
         "params": {sym: [p._asdict() for p in ps] for sym, ps in v.params.items()},
         "host_args": [list(a) for a in v.host_args],
         "smem_bytes": v.smem_bytes,
-        "requirements": _plain(v.requirements),
+        "resources": {sym: _plain(r) for sym, r in v.resources.items()},
+        "launch_recipe": v.launch_recipe,
     }
 
 
@@ -314,8 +320,9 @@ class _Ctx:
         return v
 
 
-_VARIANT_KEYS = ("name", "arch", "family", "knobs", "cubin", "sha256", "size", "host_program",
-                 "entry", "kernel_symbols", "params", "host_args", "smem_bytes", "requirements")
+_VARIANT_KEYS = ("name", "op", "arch", "family", "knobs", "requirements", "cubin", "sha256", "size",
+                 "host_program", "entry", "kernel_symbols", "params", "host_args", "smem_bytes", "resources",
+                 "launch_recipe")
 
 
 def _parse_manifest(data: Any, source: str) -> Manifest:
@@ -326,11 +333,20 @@ def _parse_manifest(data: Any, source: str) -> Manifest:
         raise c.fail("(top level)", sorted(data), "missing key 'schema_version'")
     sv = data["schema_version"]
     if isinstance(sv, bool) or not isinstance(sv, int) or sv not in READABLE_SCHEMA_VERSIONS:
+        readable = ", ".join(map(str, READABLE_SCHEMA_VERSIONS))
         raise ManifestError(
-            f"{source}: schema_version {sv!r} is not readable by this loader "
-            f"(svdq_loader {LOADER_VERSION} reads schema_version {list(READABLE_SCHEMA_VERSIONS)}); "
-            f"rebuild the artifacts with a matching svdq-aot or install a matching loader")
-    c.obj(data, "(top level)", ("schema_version", "generator", "config", "shapes", "variants", "rejected"))
+            f"{source}: schema_version {sv!r}: these artifacts use manifest schema {sv!r} but this loader "
+            f"(svdq_loader {LOADER_VERSION}) reads schema {readable}; rebuild the artifacts with "
+            f"svdq-aot {LOADER_VERSION} (or install the loader that matches them)")
+    c.obj(data, "(top level)", ("schema_version", "checksum", "generator", "config", "shapes", "variants",
+                                "rejected"))
+    want = c.sha_(data, "checksum", "(top level)")
+    got = body_checksum({k: v for k, v in data.items() if k != "checksum"})
+    if got != want:
+        raise ManifestError(
+            f"{source}: checksum mismatch: the manifest says {want} but its content hashes to {got}; "
+            f"manifest.json was edited or damaged after the build. Rebuild the artifacts (or re-copy them); "
+            f"never edit manifest.json by hand")
 
     g = c.obj(data["generator"], "generator", Generator.__dataclass_fields__)
     gen = Generator(**{k: c.str_(g, k, "generator") for k in Generator.__dataclass_fields__})
@@ -397,17 +413,17 @@ def _parse_variant(c: _Ctx, v: Any, p: str) -> VariantEntry:
     name = c.str_(v, "name", p)
     p = f"{p} ({name})" if isinstance(name, str) else p
 
-    k = c.obj(v["knobs"], f"{p}.knobs", Knobs.__dataclass_fields__)
-    kp = f"{p}.knobs"
-    dtype = c.str_(k, "out_dtype", kp)
-    if dtype not in ("fp16", "bf16"):
-        raise c.fail(f"{kp}.out_dtype", dtype, "expected 'fp16' or 'bf16'")
-    rank = c.int_(k, "rank", kp)
-    if rank % 16:
-        raise c.fail(f"{kp}.rank", rank, "LoRA rank must be a multiple of 16")
-    knobs = Knobs(out_dtype=dtype, rank=rank, wcscale=c.bool_(k, "wcscale", kp), bias=c.bool_(k, "bias", kp),
-                  **{f: c.int_(k, f, kp, 1) for f in
-                     ("tile_m", "tile_n", "tile_k", "cluster_m", "cluster_n", "stages")})
+    knobs_raw = v["knobs"]
+    if not isinstance(knobs_raw, dict) or not knobs_raw:
+        raise c.fail(f"{p}.knobs", knobs_raw, "expected a non-empty object {knob: bool | int | str}")
+    for k, x in knobs_raw.items():
+        if not isinstance(x, (bool, int, str)):
+            raise c.fail(f"{p}.knobs.{k}", x, "knob values must be true/false, integers or strings")
+    req_raw = v["requirements"]
+    if not isinstance(req_raw, dict):
+        raise c.fail(f"{p}.requirements", req_raw, "expected an object {name: positive integer}")
+    for k in req_raw:
+        c.int_(req_raw, k, f"{p}.requirements", 1)
 
     hp = c.obj(v["host_program"], f"{p}.host_program", ("file", "sha256"))
     host_program = HostProgram(file=c.file_(hp, "file", f"{p}.host_program"),
@@ -443,6 +459,15 @@ def _parse_variant(c: _Ctx, v: Any, p: str) -> VariantEntry:
             raise c.fail(sp, [i.index for i in infos], "parameter indices must be 0..n-1, each once")
         params[sym] = tuple(infos)
 
+    res_raw = v["resources"]
+    if not isinstance(res_raw, dict) or set(res_raw) != set(symbols):
+        raise c.fail(f"{p}.resources", res_raw, f"expected one entry per kernel symbol {sorted(symbols)}")
+    resources = {}
+    for sym in symbols:
+        rp = f"{p}.resources[{sym!r}]"
+        r = c.obj(res_raw[sym], rp, Resources.__dataclass_fields__)
+        resources[sym] = Resources(**{k: c.int_(r, k, rp) for k in Resources.__dataclass_fields__})
+
     host_args = []
     seen_args = set()
     for j, a in enumerate(c.list_(v, "host_args", p)):
@@ -454,18 +479,17 @@ def _parse_variant(c: _Ctx, v: Any, p: str) -> VariantEntry:
         seen_args.add(a[0])
         host_args.append((a[0], a[1]))
 
-    r = c.obj(v["requirements"], f"{p}.requirements", ("n_multiple", "k_multiple", "ptr_align"))
-    rp = f"{p}.requirements"
-    requirements = Requirements(n_multiple=c.int_(r, "n_multiple", rp, 1),
-                                k_multiple=c.int_(r, "k_multiple", rp, 1),
-                                ptr_align=c.int_(r, "ptr_align", rp, 1))
+    recipe = v["launch_recipe"]
+    if recipe is not None and not isinstance(recipe, dict):
+        raise c.fail(f"{p}.launch_recipe", recipe, "expected an object or null")
 
     return VariantEntry(
-        name=name, arch=c.str_(v, "arch", p), family=c.str_(v, "family", p), knobs=knobs,
+        name=name, op=c.str_(v, "op", p), arch=c.str_(v, "arch", p), family=c.str_(v, "family", p),
+        knobs=dict(knobs_raw), requirements=dict(req_raw),
         cubin=c.file_(v, "cubin", p), sha256=c.sha_(v, "sha256", p), size=c.int_(v, "size", p, 1),
         host_program=host_program, entry=c.str_(v, "entry", p), kernel_symbols=tuple(symbols),
         params=params, host_args=tuple(host_args), smem_bytes=c.int_(v, "smem_bytes", p),
-        requirements=requirements)
+        resources=resources, launch_recipe=recipe)
 
 
 # --------------------------------------------------------------------------
@@ -549,15 +573,3 @@ def read_artifacts(manifest: Manifest, directory: str | os.PathLike) -> dict[str
                                      + " (the files were modified or not copied completely; rebuild or re-copy)",
                                      problems)
     return ok
-
-
-def verify_artifacts(manifest: Manifest, directory: str | os.PathLike) -> list[Path]:
-    """`read_artifacts` for its checks only; returns the verified paths."""
-    return [Path(directory) / name for name in read_artifacts(manifest, directory)]
-
-
-def open_artifacts(directory: str | os.PathLike) -> Manifest:
-    """`read_manifest` + `verify_artifacts`: the one call a runtime should make before touching CUDA."""
-    m = read_manifest(directory)
-    verify_artifacts(m, directory)
-    return m

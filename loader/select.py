@@ -1,76 +1,76 @@
-"""Which compiled variant serves a problem: one interface, per-arch heuristics.
+"""Which built variant serves a problem: one interface, per-(op, arch) heuristics.
 
-Pure Python: no CUDA.  `choose()` filters the manifest's variants by what
-the call needs (arch, output dtype, LoRA rank, wcscale/bias on/off), then
-by the shape rules each variant records (N and K divisibility), then picks
-one with the arch's heuristic.  Every refusal names the value and the rule.
+Pure Python, no CUDA.  `choose()` keeps the variants of the problem's op and
+arch, then those whose feature knobs equal the call's (the op spec's
+features), then those whose requirements pass the op's shape rule, and
+picks one with the (op, arch) heuristic.  Every refusal names the value and
+the rule.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-
-class UnsupportedProblem(ValueError):
-    """No built variant can serve this call; the message says why."""
+from .errors import UnsupportedProblem
+from .ops import op_spec
 
 
 @dataclass(frozen=True)
 class Problem:
+    op: str
     arch: str
-    out_dtype: str   # "bf16" | "fp16"
-    rank: int
-    wcscale: bool
-    bias: bool
-    m: int
-    n: int
-    k: int
+    features: tuple                 # in the op spec's feature order
+    dims: tuple[tuple[str, int], ...]
+
+    @property
+    def dim(self) -> dict[str, int]:
+        return dict(self.dims)
 
 
-def _waste_then_big_tile(p: Problem, v) -> tuple:
-    """sm_90a: fewest padded rows in the last M tile, then the larger tile."""
-    tm, tn = v.knobs.tile_m, v.knobs.tile_n
-    tiles_m = -(-p.m // tm)
-    return (tiles_m * tm - p.m > tm // 2, tiles_m * (p.n // tn), -tm * tn)
+def _gemm_sm90(p: Problem, v) -> tuple:
+    """Fewest padded rows in the last M tile, then fewest tiles, then the larger tile."""
+    d = p.dim
+    tm, tn = v.knobs["tile_m"], v.knobs["tile_n"]
+    tiles_m = -(-d["m"] // tm)
+    return (tiles_m * tm - d["m"] > tm // 2, tiles_m * (d["n"] // tn), -tm * tn)
 
 
-HEURISTICS: dict[str, Callable[[Problem, object], tuple]] = {
-    "sm_90a": _waste_then_big_tile,
+def _by_name(p: Problem, v) -> tuple:
+    return ()
+
+
+HEURISTICS: dict[tuple[str, str], Callable[[Problem, object], tuple]] = {
+    ("gemm_w4a4", "sm_90a"): _gemm_sm90,
 }
 
 
-def shape_problem(v, p: Problem) -> str | None:
-    req = v.requirements
-    if p.n % req.n_multiple:
-        return f"N={p.n} is not a multiple of {req.n_multiple}"
-    if p.k % req.k_multiple:
-        return f"K={p.k} is not a multiple of {req.k_multiple}"
-    return None
+def _features_text(spec, feats) -> str:
+    return ", ".join(f"{n}={v}" for n, v in zip(spec.feature_names, feats))
 
 
 def choose(variants: Sequence, p: Problem):
-    on_arch = [v for v in variants if v.arch == p.arch]
+    spec = op_spec(p.op)
+    mine = [v for v in variants if v.op == p.op]
+    if not mine:
+        raise UnsupportedProblem(f"the artifacts hold no {p.op} kernels; rebuild with {p.op} in the config")
+    on_arch = [v for v in mine if v.arch == p.arch]
     if not on_arch:
-        built = sorted({v.arch for v in variants})
+        built = sorted({v.arch for v in mine})
         raise UnsupportedProblem(
-            f"no kernel built for this device's arch {p.arch}; the artifacts hold {built}. "
+            f"no {p.op} kernel built for this device's arch {p.arch}; the artifacts hold {p.op} for {built}. "
             f"Rebuild with '{p.arch}' in the config's archs.")
-    feats = [v for v in on_arch
-             if (v.knobs.out_dtype, v.knobs.rank, bool(v.knobs.wcscale), bool(v.knobs.bias))
-             == (p.out_dtype, p.rank, p.wcscale, p.bias)]
+    feats = [v for v in on_arch if spec.feature_key(v.knobs) == p.features]
     if not feats:
-        have = sorted({(v.knobs.out_dtype, v.knobs.rank, bool(v.knobs.wcscale), bool(v.knobs.bias))
-                       for v in on_arch})
+        have = sorted({_features_text(spec, spec.feature_key(v.knobs)) for v in on_arch})
         raise UnsupportedProblem(
-            f"no {p.arch} kernel for out_dtype={p.out_dtype}, lora rank={p.rank}, "
-            f"wcscale={'on' if p.wcscale else 'off'}, bias={'on' if p.bias else 'off'}; "
-            f"built (out_dtype, rank, wcscale, bias): {have}")
+            f"no {p.arch} {p.op} kernel for {_features_text(spec, p.features)}; built: {'; '.join(have)}")
     fits, reasons = [], []
+    dims = p.dim
     for v in feats:
-        why = shape_problem(v, p)
+        why = spec.shape_problem(v.requirements, dims)
         (reasons.append(f"{v.name}: {why}") if why else fits.append(v))
     if not fits:
-        raise UnsupportedProblem(
-            f"shape M={p.m} N={p.n} K={p.k} is not supported by any built kernel: " + "; ".join(reasons))
-    key = HEURISTICS.get(p.arch, _waste_then_big_tile)
+        shown = " ".join(f"{k.upper()}={val}" for k, val in p.dims)
+        raise UnsupportedProblem(f"{p.op} shape {shown} is not supported by any built kernel: " + "; ".join(reasons))
+    key = HEURISTICS.get((p.op, p.arch), _by_name)
     return min(fits, key=lambda v: (key(p, v), v.name))

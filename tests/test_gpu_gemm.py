@@ -20,7 +20,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from svdq_loader import reference as ref  # noqa: E402
+from svdq_loader.testing import reference as ref  # noqa: E402
 
 REQUIRE = os.environ.get("SVDQ_REQUIRE_GPU") == "1"
 ART = os.environ.get("SVDQ_ARTIFACTS", os.path.join(os.path.dirname(__file__), "..", "artifacts"))

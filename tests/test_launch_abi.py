@@ -316,48 +316,59 @@ def test_vm_refuses_wrong_arg_count():
 
 
 # ---------------------------------------------------------------------------
-# the project's own sm_90a kernel, when its family is importable
+# the project's own sm_90a GEMM kernel (its family, compiled like the builder does)
 # ---------------------------------------------------------------------------
 
 
-def test_project_sm90_kernel_matches_dsl(tmp_path):
-    try:
-        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        import importlib
-
-        try:
-            K = importlib.import_module("svdq_kernels.sm90_w4a4")
-        except ImportError:
-            import importlib.util
-
-            root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernel_src")
-            spec = importlib.util.spec_from_file_location("svdq_kernels", os.path.join(root, "__init__.py"),
-                                                          submodule_search_locations=[root])
-            mod = importlib.util.module_from_spec(spec)
-            sys.modules["svdq_kernels"] = mod
-            spec.loader.exec_module(mod)
-            K = importlib.import_module("svdq_kernels.sm90_w4a4")
-        from svdq_aot.variants import Variant
-
-        v = Variant(arch="sm_90a", out_dtype="bf16", rank=32, wcscale=True, bias=True, tile_m=128, tile_n=128,
-                    tile_k=64, stages=2)
-        cv = K.compile_variant(v, str(tmp_path))
-    except Exception as e:  # the family is someone else's work in progress
-        pytest.skip(f"project sm90 kernel not available: {type(e).__name__}: {e}")
+def test_project_sm90_gemm_kernel_matches_dsl(tmp_path):
     from svdq_aot.host_ir import serialize_host
+    from svdq_kernels import registry
     from svdq_loader.cubin_info import param_sizes
+    from svdq_loader.ops import GEMM_W4A4
 
-    sizes = param_sizes(cv.cubin)
-    prog = HostProgram.from_dict(json.loads(json.dumps(serialize_host(cv.compiled))))
+    fam = registry.family("gemm_w4a4", "sm_90a")
+    knobs = dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, scale_layout="logical",
+                 tile_m=128, tile_n=128, tile_k=64, stages=2)
+    assert fam.invalid_reason("sm_90a", knobs) is None
+    name = GEMM_W4A4.name_for("sm_90a", knobs, fam.requirements("sm_90a", knobs))
+    ck = fam.compile("sm_90a", knobs, name, str(tmp_path))
+
+    sizes = param_sizes(ck.cubin)
+    (sym,) = ck.kernel_symbols
+    assert set(sizes) == {sym}
+    # 12 kernel parameters: 9 pointers, then m, n, k (sm_count is not passed on)
+    assert sizes[sym] == [8] * 9 + [4] * 3
+    prog = HostProgram.from_dict(json.loads(json.dumps(serialize_host(ck.compiled))))
+    # the host function takes the op's host arguments, in order: 9 pointers, m, n, k, sm_count, stream
+    want = {"ptr": "ptr<1>", "stream": "ptr", "i32": "i32"}
+    assert prog.arg_kinds == [want[k] for _, k in GEMM_W4A4.host_args]
+    assert len(prog.arg_kinds) == 14
+    nptr = sum(1 for _, k in GEMM_W4A4.host_args if k == "ptr")
+    assert nptr == 9
     rng = random.Random(5)
-    nptr = sum(1 for k in prog.arg_kinds if k == "ptr<1>")
     for _ in range(10):
-        args = [_ptr(rng) for _ in range(nptr)] + [rng.randrange(1, 9000), 128 * rng.randrange(1, 100),
-                                                   64 * rng.randrange(1, 100), rng.randrange(0, 1 << 47)]
+        m, n, k = rng.randrange(1, 9000), 128 * rng.randrange(1, 100), 64 * rng.randrange(1, 100)
+        sm_count = rng.choice([1, 78, 132, rng.randrange(1, 1 << 16)])
+        ptrs = [_ptr(rng) for _ in range(nptr)]
+        args = ptrs + [m, n, k, sm_count, rng.randrange(0, 1 << 47)]
         vm = prog.launch(args, sizes)
-        dsl = O.dsl_oracle_launch(cv.compiled, args, sizes)
+        dsl = O.dsl_oracle_launch(ck.compiled, args, sizes)
         amask, pmask = O.defined_mask(prog, args, sizes)
         assert not O.compare_records(vm, dsl, amask, pmask)
+        # the documented launch: one 128x128 tile per CTA, 128 threads, the planned SMEM
+        assert vm.kernel == sym
+        assert vm.grid == (-(-m // 128), n // 128, 1)
+        assert vm.block == (128, 1, 1)
+        assert vm.smem == ck.smem_bytes == fam.smem_bytes_for(knobs)
+        assert vm.stream == args[-1]
+        assert vm.cluster is None
+        assert not vm.printf
+        # pointers and m, n, k passed straight through (sm_count is not a kernel parameter)
+        assert vm.params[:9] == [p.to_bytes(8, "little") for p in ptrs]
+        assert vm.params[9:] == [x.to_bytes(4, "little") for x in (m, n, k)]
     dev = lambda a, d: 232448 if a == 97 else 0  # noqa: E731
     kat = lambda k, a, d: 0  # noqa: E731
-    assert prog.load_plan(dev, kat, 0) == O.dsl_oracle_load_plan(cv.compiled, dev, kat, 0)
+    assert prog.load_plan(dev, kat, 0) == O.dsl_oracle_load_plan(ck.compiled, dev, kat, 0)
+    # sm_count does not change the launch (this family is one tile per CTA)
+    base = [_ptr(rng) for _ in range(nptr)] + [300, 256, 128]
+    assert prog.launch(base + [1, 0], sizes) == prog.launch(base + [132, 0], sizes)

@@ -12,39 +12,55 @@ import pytest
 
 from svdq_loader import manifest as M
 from svdq_loader.manifest import (
-    ArtifactIntegrityError, Manifest, ManifestError, open_artifacts, read_manifest, verify_artifacts,
+    ArtifactIntegrityError, Manifest, ManifestError, body_checksum, read_artifacts, read_manifest,
 )
+
+
+def verify_artifacts(m, out):
+    return [out / n for n in read_artifacts(m, out)]
 
 CUBIN = b"\x7fELF" + bytes(range(256)) * 4
 HOST = b'{"entry":"svdq_host_x"}\n'
-NAME = "svdq_w4a4_sm_90a_bf16_r32_wc1_b1_t128x128x64_c1x1_s2"
+NAME = "svdq_gemm_w4a4_sm90a_outdtypebf16_rank32_wcscale1_bias1_tilem128_tilen128_tilek64_stages2_reqn128k64"
 
 
 def sha(b: bytes) -> str:
     return hashlib.sha256(b).hexdigest()
 
 
+def seal(d: dict) -> dict:
+    """Put the checksum of `d`'s body into `d` (what a build does)."""
+    body = {k: v for k, v in d.items() if k != "checksum"}
+    return {"schema_version": d["schema_version"], "checksum": body_checksum(body),
+            **{k: v for k, v in body.items() if k != "schema_version"}}
+
+
 def doc() -> dict:
-    return {
-        "schema_version": 1,
+    return seal({
+        "schema_version": 2,
         "generator": {"package": "svdq-aot", "package_version": "0.1.0", "dsl": "nvidia-cutlass-dsl",
                       "dsl_version": "4.8.1", "python": "3.11.7"},
         "config": {"name": "flux", "sha256": "0" * 64, "file": "flux.yaml"},
         "shapes": [{"name": "qkv", "k": 3072, "n": 9216}],
         "variants": [{
-            "name": NAME, "arch": "sm_90a", "family": "sm90_w4a4",
-            "knobs": {"out_dtype": "bf16", "rank": 32, "wcscale": True, "bias": True, "tile_m": 128,
-                      "tile_n": 128, "tile_k": 64, "cluster_m": 1, "cluster_n": 1, "stages": 2},
+            "name": NAME, "op": "gemm_w4a4", "arch": "sm_90a", "family": "sm90_gemm_w4a4",
+            "knobs": {"out_dtype": "bf16", "rank": 32, "wcscale": True, "bias": True, "scale_layout": "logical",
+                      "tile_m": 128, "tile_n": 128, "tile_k": 64, "stages": 2},
+            "requirements": {"n_multiple": 128, "k_multiple": 64},
             "cubin": f"{NAME}.cubin", "sha256": sha(CUBIN), "size": len(CUBIN),
             "host_program": {"file": f"{NAME}.host.json", "sha256": sha(HOST)},
-            "entry": "svdq_host_x", "kernel_symbols": ["svdq_k_0"],
-            "params": {"svdq_k_0": [{"index": 0, "offset": 0, "size": 128},
-                                    {"index": 1, "offset": 128, "size": 4}]},
+            "entry": "svdq_host_x", "kernel_symbols": [f"{NAME}_0"],
+            "params": {f"{NAME}_0": [{"index": 0, "offset": 0, "size": 128},
+                                     {"index": 1, "offset": 128, "size": 4}]},
             "host_args": [["act", "ptr"], ["m", "i32"], ["stream", "stream"]],
             "smem_bytes": 66048,
-            "requirements": {"n_multiple": 128, "k_multiple": 64, "ptr_align": 16}}],
-        "rejected": [{"name": "svdq_w4a4_x", "reason": "SMEM budget"}],
-    }
+            "resources": {f"{NAME}_0": {"registers": 255, "stack_frame_bytes": 0, "static_smem": 0}},
+            "launch_recipe": None}],
+        "rejected": [{"name": "svdq_gemm_w4a4_x", "reason": "SMEM budget"}],
+    })
+
+
+SYM = f"{NAME}_0"
 
 
 def write_dir(tmp_path: Path, d: dict | None = None) -> Path:
@@ -60,26 +76,39 @@ def test_round_trip_and_types(tmp_path):
     out = write_dir(tmp_path)
     m = read_manifest(out)
     v = m.variants[0]
-    assert m.schema_version == M.SCHEMA_VERSION == 1
-    assert v.knobs.rank == 32 and v.knobs.wcscale is True and v.requirements.ptr_align == 16
-    assert v.params["svdq_k_0"][1] == (1, 128, 4) and v.params["svdq_k_0"][1].offset == 128
-    idx, off, size = v.params["svdq_k_0"][0]
-    assert (idx, off, size) == (0, 0, 128)
+    assert m.schema_version == M.SCHEMA_VERSION == 2
+    assert v.op == "gemm_w4a4" and v.knobs["rank"] == 32 and v.knobs["wcscale"] is True
+    assert list(v.knobs) == ["out_dtype", "rank", "wcscale", "bias", "scale_layout", "tile_m", "tile_n",
+                             "tile_k", "stages"]                    # order kept: it is the naming order
+    assert v.requirements == {"n_multiple": 128, "k_multiple": 64}
+    assert v.params[SYM][1] == (1, 128, 4) and v.params[SYM][1].offset == 128
+    assert v.resources[SYM].registers == 255
     assert v.host_args == (("act", "ptr"), ("m", "i32"), ("stream", "stream"))
-    assert vars(v.knobs)["tile_n"] == 128  # the selector reads knobs this way
-    assert v.serves(3072, 9216) and not v.serves(3072, 9200)
     assert m.variant(NAME) is v
     assert json.loads(m.to_json()) == doc()
     assert Manifest.from_json(m.to_json()) == m
     assert m.to_json() == Manifest.from_dict(doc()).to_json()
     assert [p.name for p in verify_artifacts(m, out)] == [f"{NAME}.cubin", f"{NAME}.host.json"]
-    assert open_artifacts(out) == m
+
+
+def test_any_edit_of_the_manifest_fails_its_checksum(tmp_path):
+    d = doc()
+    d["variants"][0]["knobs"]["rank"] = 16          # a rank-32 kernel claiming rank 16, checksum left as built
+    out = write_dir(tmp_path, d)
+    with pytest.raises(ManifestError) as ei:
+        read_manifest(out)
+    msg = str(ei.value)
+    assert "checksum mismatch" in msg and "edited" in msg and "Rebuild" in msg and str(out) in msg
+    # whitespace / key order are not edits: the checksum is over the canonical body
+    (out / "manifest.json").write_text(json.dumps(doc(), indent=4, sort_keys=True))
+    assert read_manifest(out).variants[0].knobs["rank"] == 32
 
 
 def _broken(fn) -> dict:
+    """`doc()` edited by `fn` and re-sealed, so the schema checks (not the checksum) must catch it."""
     d = copy.deepcopy(doc())
     fn(d)
-    return d
+    return seal(d) if "schema_version" in d and "checksum" in d else d
 
 
 V0 = "variants[0] (" + NAME + ")"
@@ -88,11 +117,14 @@ V0 = "variants[0] (" + NAME + ")"
 @pytest.mark.parametrize("fn, words", [
     (lambda d: d.pop("shapes"), ["missing key", "shapes"]),
     (lambda d: d.update(extra=1), ["extra", "unknown key"]),
-    (lambda d: d["variants"][0]["knobs"].update(rank=True), [f"{V0}.knobs.rank", "True", "integer"]),
-    (lambda d: d["variants"][0]["knobs"].update(rank=24), [f"{V0}.knobs.rank", "24", "multiple of 16"]),
-    (lambda d: d["variants"][0]["knobs"].update(wcscale=1), [f"{V0}.knobs.wcscale", "1", "true or false"]),
-    (lambda d: d["variants"][0]["knobs"].update(out_dtype="fp8"), ["out_dtype", "'fp8'"]),
-    (lambda d: d["variants"][0]["knobs"].pop("stages"), ["knobs", "missing key", "stages"]),
+    (lambda d: d["variants"][0]["knobs"].update(rank=[32]), [f"{V0}.knobs.rank", "[32]", "integers or strings"]),
+    (lambda d: d["variants"][0]["knobs"].update(rank=1.5), [f"{V0}.knobs.rank", "1.5"]),
+    (lambda d: d["variants"][0].update(knobs={}), [f"{V0}.knobs", "non-empty object"]),
+    (lambda d: d["variants"][0].pop("op"), ["missing key", "op"]),
+    (lambda d: d["variants"][0].update(launch_recipe=[1]), ["launch_recipe", "object or null"]),
+    (lambda d: d["variants"][0].update(resources={}), ["resources", "one entry per kernel symbol"]),
+    (lambda d: d["variants"][0]["resources"][SYM].update(registers=-1), ["registers", ">= 0"]),
+    (lambda d: d.pop("checksum"), ["missing key", "checksum"]),
     (lambda d: d["variants"][0].update(sha256="ABC"), [f"{V0}.sha256", "'ABC'", "SHA-256"]),
     (lambda d: d["variants"][0].update(size="12"), [f"{V0}.size", "'12'", "integer"]),
     (lambda d: d["variants"][0].update(cubin="../etc/passwd"), [f"{V0}.cubin", "../etc/passwd", "plain file"]),
@@ -106,8 +138,8 @@ V0 = "variants[0] (" + NAME + ")"
     (lambda d: d["variants"].append(copy.deepcopy(d["variants"][0])), ["duplicate variant name"]),
     (lambda d: d["variants"][0].update(kernel_symbols=[]), ["kernel_symbols", "at least one"]),
     (lambda d: d["variants"][0].update(params={}), [f"{V0}.params", "one entry per kernel symbol"]),
-    (lambda d: d["variants"][0]["params"]["svdq_k_0"][1].update(index=5), ["indices must be 0..n-1"]),
-    (lambda d: d["variants"][0]["params"]["svdq_k_0"][0].update(size=0), ["size", "must be >= 1"]),
+    (lambda d: d["variants"][0]["params"][SYM][1].update(index=5), ["indices must be 0..n-1"]),
+    (lambda d: d["variants"][0]["params"][SYM][0].update(size=0), ["size", "must be >= 1"]),
     (lambda d: d["variants"][0].update(host_args=[["act"]]), ["host_args[0]", "[name, kind]"]),
     (lambda d: d["variants"][0].update(host_args=[["a", "ptr"], ["a", "i32"]]), ["duplicate host argument"]),
     (lambda d: d["variants"][0]["requirements"].update(n_multiple=0), ["n_multiple", "0", ">= 1"]),
@@ -128,13 +160,23 @@ def test_schema_rejections(tmp_path, fn, words):
         assert w in msg, (w, msg)
 
 
-@pytest.mark.parametrize("version", [2, 0, "1", True, None])
+@pytest.mark.parametrize("version", [1, 3, 0, "2", True, None])
 def test_unknown_schema_version(tmp_path, version):
     out = write_dir(tmp_path, _broken(lambda d: d.update(schema_version=version)))
     with pytest.raises(ManifestError) as ei:
         read_manifest(out)
     msg = str(ei.value)
-    assert f"schema_version {version!r} is not readable" in msg and "reads schema_version [1]" in msg
+    assert f"manifest schema {version!r}" in msg and "reads schema 2" in msg and "rebuild" in msg
+
+
+def test_a_v1_manifest_is_refused_with_both_versions_and_rebuild(tmp_path):
+    v1 = {"schema_version": 1, "generator": doc()["generator"], "config": doc()["config"], "shapes": [],
+          "variants": [], "rejected": []}
+    out = write_dir(tmp_path, v1)
+    with pytest.raises(ManifestError) as ei:
+        read_manifest(out)
+    msg = str(ei.value)
+    assert "schema 1" in msg and "reads schema 2" in msg and "rebuild the artifacts" in msg
 
 
 def test_dsl_and_python_versions_are_informational(tmp_path):
@@ -151,7 +193,7 @@ def test_not_json_and_missing(tmp_path):
     with pytest.raises(ManifestError, match="no manifest"):
         read_manifest(tmp_path / "e")
     out = write_dir(tmp_path)
-    (out / "manifest.json").write_text('{"schema_version": 1,\n "x": }')
+    (out / "manifest.json").write_text('{"schema_version": 2,\n "x": }')
     with pytest.raises(ManifestError, match="not valid JSON at line 2"):
         read_manifest(out)
     (out / "manifest.json").write_text('{"schema_version": 1, "schema_version": 1}')
@@ -174,8 +216,6 @@ def test_tamper_flip_byte(tmp_path):
     msg = str(ei.value)
     assert f"{NAME}.cubin" in msg and "sha256 mismatch" in msg
     assert sha(CUBIN) in msg and sha(bytes(data)) in msg
-    with pytest.raises(ArtifactIntegrityError):
-        open_artifacts(out)
 
 
 def test_tamper_size_missing_and_all_reported(tmp_path):

@@ -1,4 +1,4 @@
-"""Tests of the numerical reference (svdq_loader.reference).  CPU only, fast.
+"""Tests of the numerical reference (svdq_loader.testing.reference).  CPU only, fast.
 
 Expected values are worked out by hand or with independent code written here
 (explicit tables, math.ldexp, Python loops) — not with the module's helpers.
@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from svdq_loader import reference as ref
+from svdq_loader.testing import reference as ref
 
 try:
     import torch
@@ -446,7 +446,7 @@ def test_term_flags():
 
 def test_torch_f64_reference_matches_numpy_reference():
     torch = pytest.importorskip("torch")
-    from svdq_loader.reference import random_problem, reference_from_torch, reference_torch_f64
+    from svdq_loader.testing.reference import random_problem, reference_from_torch, reference_torch_f64
     for m, r, wc, b in [(1, 0, False, False), (77, 32, True, True), (33, 16, True, False)]:
         p = random_problem(m, 64, 256, r, seed=m + r, wcscale=wc, bias=b)
         a = reference_from_torch(**p)

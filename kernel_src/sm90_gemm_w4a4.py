@@ -28,12 +28,13 @@ This is the simplest correct form of the kernel (speed is a later issue):
   re-uses the main-loop buffers, then ``mma.sync`` in the output dtype), then
   ``+ bias[n]`` (optional), convert, predicated store of rows < m.
 
-Launch ABI: the host function takes 9 pointers + m, n, k + stream and passes
-the 9 pointers and m, n, k straight to the kernel (12 kernel parameters:
+Launch ABI: the host function takes the op's host arguments (9 pointers,
+m, n, k, sm_count, stream; sm_count is unused by this one-tile-per-CTA form)
+and passes the 9 pointers and m, n, k straight to the kernel (12 kernel parameters:
 9 x u64 at offsets 0..64, then 3 x i32 at 72, 76, 80; no descriptors).  All
 tensors are built inside the kernel from the pointers and the dynamic m/n/k.
 grid = (ceil(m / tile_m), n / tile_n, 1), block = (128, 1, 1), dynamic SMEM =
-``smem_bytes_for(variant)``, no cluster.
+``smem_bytes_for(knobs)``, no cluster.
 
 Preconditions (the loader enforces them; the kernel does not check):
 pointers 16-byte aligned, tensors contiguous row-major, m >= 1,
@@ -45,7 +46,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 import warnings
 from typing import Any, Optional
 
@@ -56,20 +56,12 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float16, Float32, Int32, Uint8
 from cutlass.cute.runtime import make_ptr
 
-from svdq_loader.cubin_info import cubin_info
+from .compiled_output import cubin_resource_usage, read_cubin as _read_cubin
 
 __all__ = [
-    "HOST_ARGS",
-    "SUPPORTED",
-    "DEFAULT_TILE",
-    "DEFAULT_STAGES",
-    "threads_for",
-    "CompiledVariant",
-    "resource_problem",
-    "compile_variant",
-    "kernel_name_for",
-    "smem_bytes_for",
-    "cubin_resource_usage",
+    "OP", "ARCHS", "NAME", "TUNING", "FEATURE_VALUES",
+    "config_axes", "resolve", "invalid_reason", "requirements", "compile",
+    "DEFAULT_TILE", "DEFAULT_STAGES", "threads_for", "smem_bytes_for", "cubin_resource_usage",
     "SMEM_LIMIT_BYTES",
 ]
 
@@ -77,34 +69,24 @@ __all__ = [
 # Public constants
 # ---------------------------------------------------------------------------
 
-#: Host-function arguments, in order, with their ABI kind.
-HOST_ARGS: tuple[tuple[str, str], ...] = (
-    ("act", "ptr"),
-    ("ascales", "ptr"),
-    ("wgt", "ptr"),
-    ("wscales", "ptr"),
-    ("lora_act_in", "ptr"),
-    ("lora_up", "ptr"),
-    ("wcscale", "ptr"),
-    ("bias", "ptr"),
-    ("out", "ptr"),
-    ("m", "i32"),
-    ("n", "i32"),
-    ("k", "i32"),
-    ("stream", "stream"),
-)
+OP = "gemm_w4a4"
+ARCHS = ("sm_90a",)
+NAME = "sm90_gemm_w4a4"
 
-#: Knob values this kernel supports.
-SUPPORTED: dict[str, tuple] = dict(
+#: This family's own (tuning) knobs and the values it supports.
+TUNING: dict[str, tuple] = dict(
     tile_m=(64, 128),
     tile_n=(64, 128),
     tile_k=(32, 64, 128),
     stages=(1, 2),
-    cluster=((1, 1),),
-    ranks=(0, 16, 32, 48, 64, 128),
-    out_dtypes=("fp16", "bf16"),
+)
+#: Feature-knob values this family can build (the op spec lists the knobs).
+FEATURE_VALUES: dict[str, tuple] = dict(
+    out_dtype=("fp16", "bf16"),
+    rank=(0, 16, 32, 48, 64, 128),
     wcscale=(False, True),
     bias=(False, True),
+    scale_layout=("logical",),
 )
 
 DEFAULT_TILE = (128, 128, 64)
@@ -117,7 +99,6 @@ _SMEM_ALIGN = 128
 SMEM_LIMIT_BYTES = 227 * 1024
 _CHUNK_K = 32  # k values per 16-byte chunk of packed nibbles
 _OUT_DTYPES = {"fp16": Float16, "bf16": BFloat16}
-_ARCHS = ("sm_90a",)
 
 
 # ---------------------------------------------------------------------------
@@ -171,16 +152,16 @@ class _Cfg:
     stages: int
 
 
-def _cfg_of(variant: Any) -> _Cfg:
+def _cfg_of(knobs: dict) -> _Cfg:
     return _Cfg(
-        out_dtype=str(variant.out_dtype),
-        rank=int(variant.rank),
-        wcscale=bool(variant.wcscale),
-        bias=bool(variant.bias),
-        tile_m=int(variant.tile_m),
-        tile_n=int(variant.tile_n),
-        tile_k=int(variant.tile_k),
-        stages=int(getattr(variant, "stages", 1)),
+        out_dtype=str(knobs["out_dtype"]),
+        rank=int(knobs["rank"]),
+        wcscale=bool(knobs["wcscale"]),
+        bias=bool(knobs["bias"]),
+        tile_m=int(knobs["tile_m"]),
+        tile_n=int(knobs["tile_n"]),
+        tile_k=int(knobs["tile_k"]),
+        stages=int(knobs["stages"]),
     )
 
 
@@ -236,14 +217,7 @@ def _smem_plan(cfg: _Cfg) -> dict[str, int]:
 
 
 def _knob_problem(cfg: _Cfg) -> Optional[str]:
-    if cfg.out_dtype not in SUPPORTED["out_dtypes"]:
-        return f"out_dtype {cfg.out_dtype!r} not in {SUPPORTED['out_dtypes']}"
-    if cfg.rank not in SUPPORTED["ranks"]:
-        return f"rank {cfg.rank} not in {SUPPORTED['ranks']}"
-    for knob in ("tile_m", "tile_n", "tile_k", "stages"):
-        val = getattr(cfg, knob)
-        if val not in SUPPORTED[knob]:
-            return f"{knob}={val} not in {SUPPORTED[knob]}"
+    # knob values were checked against TUNING / FEATURE_VALUES by invalid_reason()
     # Every thread handles whole 16-byte chunks (32 k values) of A and W.
     cpr = cfg.tile_k // _CHUNK_K
     threads = _threads(cfg)
@@ -275,23 +249,14 @@ def _problem(cfg: _Cfg) -> Optional[str]:
     return None
 
 
-def kernel_name_for(variant: Any) -> str:
-    """Kernel-symbol prefix (the DSL appends ``_0``); never contains 'cutlass'."""
-    c = _cfg_of(variant)
-    return (
-        f"svdq_w4a4_sm90_{c.out_dtype}_r{c.rank}_wc{int(c.wcscale)}_b{int(c.bias)}"
-        f"_t{c.tile_m}x{c.tile_n}x{c.tile_k}_s{c.stages}"
-    )
-
-
-def threads_for(variant: Any) -> int:
+def threads_for(knobs: dict) -> int:
     """Threads per CTA (block.x) of this variant."""
-    return _threads(_cfg_of(variant))
+    return _threads(_cfg_of(knobs))
 
 
-def smem_bytes_for(variant: Any) -> int:
+def smem_bytes_for(knobs: dict) -> int:
     """Dynamic SMEM bytes the host function requests for this variant."""
-    return _smem_plan(_cfg_of(variant))["total_bytes"]
+    return _smem_plan(_cfg_of(knobs))["total_bytes"]
 
 
 # ---------------------------------------------------------------------------
@@ -342,6 +307,7 @@ class _Sm90W4A4:
         m: cutlass.Int32,
         n: cutlass.Int32,
         k: cutlass.Int32,
+        sm_count: cutlass.Int32,  # unused: one tile per CTA (the op's host args carry it)
         stream: cuda.CUstream,
     ):
         grid_m = (m + (self.tm - 1)) // self.tm
@@ -634,49 +600,97 @@ class _Sm90W4A4:
 # ---------------------------------------------------------------------------
 
 
-@dataclasses.dataclass
-class CompiledVariant:
-    cubin: bytes  # ELF cubin for the variant's arch
-    compiled: Any  # the JitCompiledFunction (its .ir_module holds the launch ABI)
-    entry: str  # host function name (compiled.function_name)
-    kernel_symbols: list[str]  # kernel symbols in the cubin
-    smem_bytes: int  # dynamic SMEM the host function requests
-    compile_seconds: float = 0.0
-    #: per kernel symbol: {"registers": n, "stack_frame_bytes": n} read from
-    #: the cubin's .nv.info (a non-zero stack frame means spills/local memory)
-    resource_usage: dict = dataclasses.field(default_factory=dict)
-    ptx: Optional[str] = None  # PTX text, only with keep_ptx=True
+def config_axes(arch: str, section: dict) -> tuple[list[dict], list[str]]:
+    """``variants.<arch>.gemm_w4a4`` -> tuning-knob dicts; keys ``tiles`` and ``stages``.
 
-
-def resource_problem(variant: Any) -> Optional[str]:
-    """Why ``variant`` cannot be built by this family, or None if it can."""
-    arch = getattr(variant, "arch", "sm_90a")
-    if arch not in _ARCHS:
-        return f"arch {arch!r} is not built by the sm90 W4A4 family (supports {_ARCHS})"
-    cluster = (int(getattr(variant, "cluster_m", 1)), int(getattr(variant, "cluster_n", 1)))
-    if cluster not in SUPPORTED["cluster"]:
-        return f"cluster {cluster} not in {SUPPORTED['cluster']}"
-    return _problem(_cfg_of(variant))
-
-
-def compile_variant(variant: Any, dump_dir: str, *, keep_ptx: bool = False) -> CompiledVariant:
-    """Trace and cross-compile one variant for ``variant.arch`` (no GPU needed).
-
-    Writes the cubin (and with ``keep_ptx`` the PTX) into ``dump_dir``.
+    ``tiles: [[tile_m, tile_n, tile_k], ...]`` (default ``[DEFAULT_TILE]``),
+    ``stages: [auto | 1 | 2, ...]`` (default ``[auto]``: the deepest that fits).
     """
-    reason = resource_problem(variant)
+    problems: list[str] = []
+    unknown = sorted(set(section) - {"tiles", "stages"})
+    for k in unknown:
+        problems.append(f"{k}: unknown key (allowed: tiles, stages)")
+    tiles = section.get("tiles", [list(DEFAULT_TILE)])
+    stages = section.get("stages", ["auto"])
+    if not isinstance(tiles, list) or not tiles:
+        problems.append(f"tiles: {tiles!r}: expected a non-empty list of [tile_m, tile_n, tile_k]")
+        tiles = []
+    if not isinstance(stages, list) or not stages:
+        problems.append(f"stages: {stages!r}: expected a non-empty list of stage counts or 'auto'")
+        stages = []
+    good_tiles = []
+    for i, t in enumerate(tiles):
+        if not (isinstance(t, list) and len(t) == 3 and all(isinstance(x, int) and not isinstance(x, bool)
+                                                            and x > 0 for x in t)):
+            problems.append(f"tiles[{i}]: {t!r}: expected [tile_m, tile_n, tile_k], three positive integers")
+        elif tuple(t) in (tuple(g) for g in good_tiles):
+            problems.append(f"tiles[{i}]: {t!r}: duplicate value")
+        else:
+            good_tiles.append(t)
+    good_stages = []
+    for i, st in enumerate(stages):
+        if not (st == "auto" or (isinstance(st, int) and not isinstance(st, bool) and st >= 1)):
+            problems.append(f"stages[{i}]: {st!r}: expected a positive integer or 'auto'")
+        elif st in good_stages:
+            problems.append(f"stages[{i}]: {st!r}: duplicate value")
+        else:
+            good_stages.append(st)
+    out = [dict(tile_m=t[0], tile_n=t[1], tile_k=t[2], stages=st) for t in good_tiles for st in good_stages]
+    return out, problems
+
+
+def resolve(arch: str, knobs: dict) -> dict:
+    """``stages: auto`` -> the deepest supported stage count without a resource problem."""
+    if knobs.get("stages") != "auto":
+        return dict(knobs)
+    for st in sorted(TUNING["stages"], reverse=True):
+        cand = dict(knobs, stages=st)
+        if invalid_reason(arch, cand) is None:
+            return cand
+    return dict(knobs, stages=max(TUNING["stages"]))
+
+
+def invalid_reason(arch: str, knobs: dict) -> Optional[str]:
+    """The one validity predicate of this family: None if buildable, else why (with numbers)."""
+    if arch not in ARCHS:
+        return f"arch {arch} is not built by {NAME} (builds {', '.join(ARCHS)})"
+    problems = []
+    for table in (FEATURE_VALUES, TUNING):
+        for key, allowed in table.items():
+            if key not in knobs:
+                problems.append(f"knob {key} missing")
+            elif knobs[key] not in allowed or type(knobs[key]) is not type(allowed[0]):
+                problems.append(f"{key} {knobs[key]!r} not supported by {NAME} "
+                                f"(supported: {', '.join(map(repr, allowed))})")
+    extra = sorted(set(knobs) - set(FEATURE_VALUES) - set(TUNING))
+    if extra:
+        problems.append(f"unknown knobs {extra}")
+    if problems:
+        return "; ".join(problems)
+    return _problem(_cfg_of(knobs))
+
+
+def requirements(arch: str, knobs: dict) -> dict:
+    """What the op's shape rule reads: N and K divisibility (M is arbitrary)."""
+    return {"n_multiple": int(knobs["tile_n"]), "k_multiple": int(knobs["tile_k"])}
+
+
+def compile(arch: str, knobs: dict, name: str, dump_dir: str, *, keep_ptx: bool = False):
+    """Trace and cross-compile one variant for `arch` (no GPU needed); kernel symbol ``<name>_0``."""
+    from svdq_aot.family import CompiledKernel
+
+    reason = invalid_reason(arch, knobs)
     if reason:
-        raise ValueError(f"cannot compile {getattr(variant, 'name', variant)}: {reason}")
-    cfg = _cfg_of(variant)
+        raise ValueError(f"cannot compile {name}: {reason}")
+    cfg = _cfg_of(knobs)
     gemm = _Sm90W4A4(cfg)
-    name = kernel_name_for(variant)
+    if "cutlass" in name.lower():
+        raise ValueError(f"kernel name {name!r} must not contain 'cutlass' (ptxas spills on such symbols)")
     # Kernel symbol: "<name>_0" -- our prefix, no DSL-mangled "cutlass_" part.
     _Sm90W4A4.kernel.set_name_prefix(name, remove_cutlass_symbol=True, keep_mangled_name=False)
-    # Host function: also drop the "cutlass" component (it is not a GPU symbol).
     _Sm90W4A4.__call__.set_name_prefix(
         name.replace("svdq_", "svdq_host_", 1), remove_cutlass_symbol=True, keep_mangled_name=False
     )
-
     out_t = _OUT_DTYPES[cfg.out_dtype]
 
     def gptr(dtype):
@@ -687,69 +701,24 @@ def compile_variant(variant: Any, dump_dir: str, *, keep_ptx: bool = False) -> C
         gptr(out_t), gptr(out_t),  # lora_act_in, lora_up
         gptr(Float32), gptr(Float32),  # wcscale, bias
         gptr(out_t),  # out
-        Int32(1), Int32(1), Int32(1),  # m, n, k (dynamic)
+        Int32(1), Int32(1), Int32(1), Int32(1),  # m, n, k, sm_count (dynamic)
         cuda.CUstream(0),
     )
     os.makedirs(dump_dir, exist_ok=True)
-    options = f"--gpu-arch {variant.arch} --keep-cubin --dump-dir {dump_dir}"
+    options = f"--gpu-arch {arch} --keep-cubin --dump-dir {dump_dir}"
     if keep_ptx:
         options += " --keep-ptx"
-    t0 = time.perf_counter()
     with warnings.catch_warnings():
         # The epilogue deliberately unrolls over the whole accumulator
         # fragment (128 elements at 128x128); the DSL warns about slow tracing.
         warnings.filterwarnings("ignore", message="This static loop has")
         compiled = cute.compile(gemm, *args, options=options)
-    dt = time.perf_counter() - t0
-
-    cubin = _read_cubin(compiled, dump_dir, variant.arch)
+    cubin = _read_cubin(compiled, dump_dir, arch)
     symbols = list(compiled.kernel_info)
     for sym in symbols:
-        if "cutlass" in sym.lower() or not sym.startswith("svdq_"):
-            raise RuntimeError(f"unexpected kernel symbol {sym!r} (must start 'svdq_', no 'cutlass')")
-    ptx = None
-    if keep_ptx:
-        art = compiled.artifacts.PTX  # the text (the DSL reads the kept file)
-        if isinstance(art, bytes):
-            art = art.decode()
-        if isinstance(art, str) and os.path.isfile(art):
-            with open(art) as f:
-                art = f.read()
-        ptx = art if isinstance(art, str) and ".entry" in art else None
-    return CompiledVariant(
-        cubin=cubin,
-        compiled=compiled,
-        entry=compiled.function_name,
-        kernel_symbols=symbols,
-        smem_bytes=gemm.smem_bytes,
-        compile_seconds=dt,
-        resource_usage=cubin_resource_usage(cubin),
-        ptx=ptx,
+        if "cutlass" in sym.lower() or not sym.startswith(name):
+            raise RuntimeError(f"unexpected kernel symbol {sym!r} (must start {name!r}, no 'cutlass')")
+    return CompiledKernel(
+        cubin=cubin, compiled=compiled, entry=compiled.function_name, kernel_symbols=symbols,
+        smem_bytes=gemm.smem_bytes, resource_usage=cubin_resource_usage(cubin),
     )
-
-
-def _read_cubin(compiled: Any, dump_dir: str, arch: str) -> bytes:
-    art = compiled.artifacts.CUBIN
-    data: Optional[bytes] = None
-    if isinstance(art, (bytes, bytearray)):
-        data = bytes(art)
-    elif isinstance(art, str) and os.path.isfile(art):
-        with open(art, "rb") as f:
-            data = f.read()
-    if data is None:
-        path = os.path.join(dump_dir, f"{compiled.function_name}.{arch}.cubin")
-        with open(path, "rb") as f:
-            data = f.read()
-    if not data.startswith(b"\x7fELF"):
-        raise RuntimeError("compiled artifact is not an ELF cubin")
-    return data
-
-
-def cubin_resource_usage(cubin: bytes) -> dict[str, dict[str, int]]:
-    """Registers and stack-frame bytes per kernel, from the cubin's .nv.info.
-
-    A non-zero frame means register spills or local arrays.
-    """
-    info = cubin_info(cubin)
-    return {name: {"registers": k.regcount, "stack_frame_bytes": k.frame_size or 0}
-            for name, k in info.kernels.items()}

@@ -1,0 +1,104 @@
+"""The contract a kernel family must meet, and the registry that enforces it.
+
+A *family* builds the kernels of one operator for one or more archs (the
+registry keys it by ``(op, arch)``).  It is a module (or any object) with:
+
+``OP: str``
+    the operator it implements (a key of ``svdq_loader.ops.OPS``).
+``ARCHS: tuple[str, ...]``
+    the archs it builds.
+``NAME: str``
+    short family name recorded in the manifest (``sm90_gemm_w4a4``).
+``TUNING: dict[str, tuple]``
+    its own knobs and the values it supports, in name order (e.g.
+    ``{"tile_m": (64, 128), ...}``).  Feature knobs come from the op spec.
+``config_axes(arch, section) -> (list[dict], list[str])``
+    the config section ``variants.<arch>.<op>`` (a mapping, possibly
+    empty) -> the tuning-knob dicts to enumerate, and problems with the
+    section (each names its key).  ``"auto"`` values are resolved here or
+    in ``resolve``.
+``resolve(arch, knobs) -> dict``
+    fill any ``"auto"`` tuning value (e.g. the deepest stage count that
+    fits); return the complete knob dict.
+``invalid_reason(arch, knobs) -> str | None``
+    *the* validity predicate: None if the variant can be built, else one
+    line; resource problems give their numbers ("needs 240 KiB of SMEM,
+    sm_90 allows 227 KiB").
+``requirements(arch, knobs) -> dict[str, int]``
+    the integers the op's shape rule reads (``n_multiple`` ...).
+``compile(arch, knobs, name, dump_dir) -> CompiledKernel``
+    trace and cross-compile; the kernel symbols must start with ``name``
+    and the host function must take the op's ``host_args`` in order.
+
+`check_family` verifies all of it when a family is registered, and fails
+with a message naming what is missing.  Importing a family module imports
+the DSL: that only happens at build time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from svdq_loader.ops import OPS
+
+
+@dataclass
+class CompiledKernel:
+    """What a family's ``compile`` returns."""
+    cubin: bytes              # ELF cubin for the arch
+    compiled: Any             # the DSL's compiled function (its .ir_module holds the host code)
+    entry: str                # host function name
+    kernel_symbols: list[str]
+    smem_bytes: int           # dynamic SMEM the host function requests
+    resource_usage: dict = field(default_factory=dict)   # symbol -> {"registers", "stack_frame_bytes"}
+
+
+@runtime_checkable
+class Family(Protocol):
+    OP: str
+    ARCHS: tuple
+    NAME: str
+    TUNING: dict
+
+    def config_axes(self, arch: str, section: dict) -> tuple[list[dict], list[str]]: ...
+    def resolve(self, arch: str, knobs: dict) -> dict: ...
+    def invalid_reason(self, arch: str, knobs: dict) -> str | None: ...
+    def requirements(self, arch: str, knobs: dict) -> dict: ...
+    def compile(self, arch: str, knobs: dict, name: str, dump_dir: str) -> CompiledKernel: ...
+
+
+class FamilyContractError(TypeError):
+    """A kernel family does not meet the contract; the message says what is wrong."""
+
+
+_ATTRS = (("OP", str), ("ARCHS", tuple), ("NAME", str), ("TUNING", dict))
+_METHODS = ("config_axes", "resolve", "invalid_reason", "requirements", "compile")
+
+
+def check_family(fam: Any, *, where: str = "") -> None:
+    """Raise FamilyContractError unless `fam` meets the contract above."""
+    who = where or getattr(fam, "__name__", type(fam).__name__)
+    problems = []
+    for attr, typ in _ATTRS:
+        if not hasattr(fam, attr):
+            problems.append(f"missing {attr}")
+        elif not isinstance(getattr(fam, attr), typ):
+            problems.append(f"{attr} must be a {typ.__name__}, got {type(getattr(fam, attr)).__name__}")
+    for m in _METHODS:
+        if not callable(getattr(fam, m, None)):
+            problems.append(f"missing method {m}()")
+    if not problems:
+        if fam.OP not in OPS:
+            problems.append(f"OP {fam.OP!r} is not a known operator ({', '.join(OPS)})")
+        else:
+            feats = set(OPS[fam.OP].feature_names)
+            clash = sorted(feats & set(fam.TUNING))
+            if clash:
+                problems.append(f"TUNING knobs {clash} clash with the op's feature knobs")
+        if not fam.ARCHS or not all(isinstance(a, str) and a.startswith("sm_") for a in fam.ARCHS):
+            problems.append(f"ARCHS must be a non-empty tuple of arch names, got {fam.ARCHS!r}")
+        for k, vals in fam.TUNING.items():
+            if not isinstance(k, str) or not isinstance(vals, tuple) or not vals:
+                problems.append(f"TUNING[{k!r}] must be a non-empty tuple of allowed values")
+    if problems:
+        raise FamilyContractError(f"kernel family {who} breaks the family contract: " + "; ".join(problems))

@@ -1,0 +1,790 @@
+"""``quantize_act``: bf16/fp16 activations -> NVFP4 codes + E4M3 block scales (+ fused LoRA-down).
+
+CuTe-DSL, build time only.  ONE source for ``sm_90a``, ``sm_100a`` and
+``sm_103a`` (warp-level ``mma.sync`` f16/bf16 and ``cvt...e4m3x2`` exist on
+all three).  The exact arithmetic is defined (and checked bit for bit) by
+``svdq_loader.testing.quantize_ref``; this kernel implements it as follows.
+
+Work decomposition
+------------------
+* A **step** is 64 consecutive k.  A warp works on ``16 * mtiles`` rows and
+  one step at a time; lane ``(g, t) = (lane // 4, lane % 4)`` owns, for every
+  16-row m-tile, rows ``g`` and ``g + 8`` and the 16-k group
+  ``[16t, 16t + 16)`` of the step: each of its groups is two 16-byte loads of
+  x, one 8-byte store of codes, one scale byte (four lanes write four
+  consecutive scale bytes, in both layouts).
+* A CTA has ``warps`` warps on the same ``16 * mtiles`` rows; they split the
+  K steps round-robin (warp w does steps w, w + warps, ...), so one CTA
+  covers whole rows and the LoRA partial sums are reduced inside the CTA
+  (SMEM) at the end.  grid = ceil(rows / (16 * mtiles)), rows = M
+  (``logical``) or M rounded up to 128 (``blocked``: the pad rows get scale
+  0).  x of the next step is prefetched into registers during the current
+  one.
+* LoRA-down is computed transposed, ``lora_act_in^T = lora_down^T @ x̂^T``,
+  with ``mma.sync m16n8k16`` (fp32 accumulators): the B operand is x̂ itself
+  -- a lane's two B registers for mma block j (of 4 per step) are its own
+  x̂ pair words 2j and 2j+1 of one row, under a k permutation (virtual k
+  ``{2t, 2t+1, 2t+8, 2t+9}`` of lane t = real k ``16t + 4j + {0..3}``), so no
+  register shuffling; the A operand is the step's ``lora_down`` tile [64, R],
+  staged per warp in SMEM with ``cp.async.ca`` (double buffered; co-resident
+  CTAs hit the same tiles in L1), rows stored in the permuted order so that
+  ``ldmatrix.trans`` yields the matching fragments (row pitch 2R + 16 bytes:
+  conflict free).  At the end the warps' partial sums are added in SMEM and
+  rows < M are stored in x's dtype.
+
+Arithmetic (per group of 16; quantize_ref has the normative text)
+------------------------------------------------------------------
+``rs = RN32(1 / smooth)`` per k (one per lane per step, shared through SMEM;
+fp64 rcp + two Newton steps, then one rounding: equal to IEEE ``div.rn.f32``
+for every 16-bit input -- proof in ``_rcp16``, checked in the tests);
+``x̂ = cvt.rn.<D>(mul.rn.f32(x, rs))`` (use_smooth == 0: x̂ = x), so x̂ is a
+16-bit value and the same words are the LoRA mma operand;
+``amax = max.NaN |x̂|`` (packed); ``sc = RN32(amax / 6)`` via
+``fma(fma(-6, q0, amax), RN(1/6), q0)``, ``q0 = RN(amax * RN(1/6))`` (equal to
+IEEE division for every 16-bit amax: checked exhaustively);
+``byte = cvt.rn.satfinite.e4m3x2.f32(sc)``; non-finite amax -> byte 0x7F and
+codes 0; ``s = decode(byte)`` (exact); ``s == 0`` -> codes 0.  Codes with no
+division: per 16-bit half, exact packed compares of |x̂| with the seven t*s
+(binary search: ``b2 = |x̂| >= 1.75s``, ``b1 = |x̂| >= (b2 ? 3.5s : 0.75s)``,
+``b0 = |x̂| > (b2 ? (b1 ? 5s : 2.5s) : (b1 ? 1.25s : 0.25s))``), which equals
+E2M1-RNE(div.rn.f32(x̂, s)) -- proof in quantize_ref.  Sign bit = x̂'s sign
+bit.  No fp32 ``.ftz`` and no approximate fp32 division anywhere (the tests
+grep the PTX), no division subroutine calls (they spilled registers).
+
+Launch ABI: host function ``(x, smooth, lora_down, act, ascales, lora_act_in,
+m, k, use_smooth, stream)``; kernel params: the 6 pointers then m, k,
+use_smooth (i32).  block = (32 * warps, 1, 1), dynamic SMEM ``smem_bytes``,
+no cluster.  Preconditions (the loader checks them): pointers 16-byte
+aligned, contiguous row-major tensors, m >= 1, k % 64 == 0, M*K < 2^31.
+Pointers of disabled features (smooth when use_smooth == 0, LoRA when
+rank == 0) may be 0 and are never dereferenced.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from typing import Any, Optional
+
+import cuda.bindings.driver as cuda
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import BFloat16, Float16, Float32, Int32, Int64, Uint8
+from cutlass._mlir import ir
+from cutlass._mlir.dialects import llvm
+from cutlass.cute.runtime import make_ptr
+
+from .compiled_output import cubin_resource_usage, read_cubin as _read_cubin
+
+__all__ = [
+    "OP", "ARCHS", "NAME", "TUNING", "FEATURE_VALUES", "STEP_K",
+    "config_axes", "resolve", "invalid_reason", "requirements", "compile",
+    "smem_bytes_for", "threads_for", "cubin_resource_usage",
+]
+
+OP = "quantize_act"
+ARCHS = ("sm_90a", "sm_100a", "sm_103a")
+NAME = "quantize_act"
+
+#: This family's tuning knobs: warps per CTA (they split K) and 16-row m-tiles per warp.
+TUNING: dict[str, tuple] = dict(
+    warps=(4, 8),
+    mtiles=(1, 2),
+)
+DEFAULT_TUNING = dict(warps=4, mtiles=1)
+#: Feature-knob values this family builds (the op spec lists the knobs).
+FEATURE_VALUES: dict[str, tuple] = dict(
+    dtype=("bf16", "fp16"),
+    rank=(0, 16, 32, 48, 64, 128),
+    scale_layout=("logical", "blocked"),
+)
+_LAYOUT_BY_ARCH = {"sm_90a": "logical", "sm_100a": "blocked", "sm_103a": "blocked"}
+
+STEP_K = 64                       # k per warp step (= the K multiple required)
+SMEM_LIMIT_BYTES = 227 * 1024     # dynamic SMEM per CTA on sm_90 / sm_100 (opt-in limit)
+_RS_BYTES = STEP_K * 4            # per-warp buffer of the step's 64 reciprocals of smooth
+_DT = {"bf16": BFloat16, "fp16": Float16}
+_ONE_PAIR = {"bf16": 0x3F803F80, "fp16": 0x3C003C00}   # (1.0, 1.0) in the 16-bit type
+# E2M1 decision thresholds (multiples of the scale) and whether a tie rounds up (>=) or down (>)
+_THRESH = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
+
+
+# ---------------------------------------------------------------------------
+# Configuration and validity
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cfg:
+    dtype: str
+    rank: int
+    scale_layout: str
+    warps: int
+    mtiles: int
+
+
+def _cfg_of(knobs: dict) -> _Cfg:
+    return _Cfg(dtype=str(knobs["dtype"]), rank=int(knobs["rank"]), scale_layout=str(knobs["scale_layout"]),
+                warps=int(knobs["warps"]), mtiles=int(knobs["mtiles"]))
+
+
+def _pitch(rank: int) -> int:
+    """Byte pitch of a staged lora_down row: 2R + 16 (an odd number of 16-byte chunks)."""
+    return 2 * rank + 16
+
+
+def _warp_smem(cfg: _Cfg) -> int:
+    lora = 2 * STEP_K * _pitch(cfg.rank) if cfg.rank else 0      # two step tiles (double buffer)
+    return _RS_BYTES + lora
+
+
+def _smem_bytes(cfg: _Cfg) -> int:
+    return cfg.warps * _warp_smem(cfg)
+
+
+def _est_registers(cfg: _Cfg) -> int:
+    """Rough per-thread register need (for the validity predicate; ptxas decides the real number)."""
+    words = cfg.mtiles * 2 * 8
+    acc = cfg.mtiles * (cfg.rank // 8) * 4
+    return 3 * words + acc + 16 + 40
+
+
+def _problem(cfg: _Cfg, arch: str) -> Optional[str]:
+    want = _LAYOUT_BY_ARCH[arch]
+    if cfg.scale_layout != want:
+        return f"scale_layout {cfg.scale_layout!r} is not what {arch} uses ({want!r})"
+    if cfg.rank % 16:
+        return f"rank {cfg.rank} is not a multiple of 16 (mma k/n tiling)"
+    smem = _smem_bytes(cfg)
+    if smem > SMEM_LIMIT_BYTES:
+        return (f"needs {smem} B of dynamic SMEM ({cfg.warps} warps x {_warp_smem(cfg)} B: rank {cfg.rank} "
+                f"lora_down tiles), more than the {SMEM_LIMIT_BYTES} B a CTA may use")
+    regs = _est_registers(cfg)
+    if regs > 255:
+        return (f"needs about {regs} registers per thread (mtiles {cfg.mtiles} x rank {cfg.rank} fp32 "
+                f"accumulators + x buffers), more than 255")
+    return None
+
+
+def smem_bytes_for(knobs: dict) -> int:
+    return _smem_bytes(_cfg_of(knobs))
+
+
+def threads_for(knobs: dict) -> int:
+    return 32 * int(knobs["warps"])
+
+
+# ---------------------------------------------------------------------------
+# Inline-PTX helper (LLVM inline asm, $N operands)
+# ---------------------------------------------------------------------------
+
+# Cache policy of the loads (measured on an H200, M=4608, K=15360, R=32: cp.async.ca 100 us vs .cg 125 us --
+# co-resident CTAs work on the same k steps at about the same time, so the lora_down tiles hit in L1;
+# an L2::256B prefetch hint on the x stream made no difference).
+_CP_CACHE = "ca"
+_X_HINT = ""
+
+
+def _asm(ptx: str, outs: tuple, ins: list, cons: str, side: bool = False):
+    """One inline-asm statement.  outs: DSL types of the results; ins: DSL values."""
+    vals = [v.ir_value() for v in ins]
+    if not outs:
+        llvm.inline_asm(None, vals, ptx, cons, has_side_effects=True, asm_dialect=0)
+        return None
+    if len(outs) == 1:
+        r = llvm.inline_asm(outs[0].mlir_type, vals, ptx, cons, has_side_effects=side, asm_dialect=0)
+        return outs[0](r)
+    st = ir.Type.parse("!llvm.struct<(" + ",".join(str(o.mlir_type) for o in outs) + ")>")
+    r = llvm.inline_asm(st, vals, ptx, cons, has_side_effects=side, asm_dialect=0)
+    return tuple(o(llvm.extractvalue(o.mlir_type, r, [i])) for i, o in enumerate(outs))
+
+
+def _ld_v4(addr, side=False):
+    return _asm(f"ld.global.nc.L1::no_allocate{_X_HINT}.v4.u32 {{$0, $1, $2, $3}}, [$4];",
+                (Int32, Int32, Int32, Int32), [addr], "=r,=r,=r,=r,l", side)
+
+
+def _ld_pred_u32(addr, pred, dflt):
+    """ld.global.nc.u32 when pred != 0, else the constant dflt."""
+    return _asm("{\n.reg .pred p;\nsetp.ne.u32 p, $2, 0;\nmov.u32 $0, " + str(dflt) + ";\n"
+                "@p ld.global.nc.u32 $0, [$1];\n}", (Int32,), [addr, pred], "=r,l,r", True)
+
+
+def _f32_pair(word, dtype: str):
+    """16-bit pair word -> (lo, hi) as Float32 (exact)."""
+    if dtype == "bf16":
+        lo = (word << 16).bitcast(Float32)
+        hi = (word & Int32(-65536)).bitcast(Float32)
+        return lo, hi
+    return _asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, $2;\ncvt.f32.f16 $0, l;\ncvt.f32.f16 $1, h;\n}",
+                (Float32, Float32), [word], "=f,=f,r")
+
+
+def _pack_pair(lo, hi, dtype: str):
+    """(lo, hi) Float32 -> 16-bit pair word, RNE (cvt.rn, no saturation)."""
+    op = "cvt.rn.bf16x2.f32" if dtype == "bf16" else "cvt.rn.f16x2.f32"
+    return _asm(op + " $0, $1, $2;", (Int32,), [hi, lo], "=r,f,f")
+
+
+def _mul_rn(a, b):
+    return _asm("mul.rn.f32 $0, $1, $2;", (Float32,), [a, b], "=f,f,f")
+
+
+def _rcp16(a):
+    """RN32(1 / a) for every 16-bit a (bf16 / fp16 value held in fp32), with no division call.
+
+    In fp64: y0 = rcp.approx(a), two Newton steps -> |y - 1/a| < 2^-60 |1/a|, then one rounding
+    to fp32.  That equals RN32(1/a): 1/a for a = m * 2^e (odd m < 2^11) is either exact (m = 1)
+    or at least 2^-36 (relative) away from every fp32 rounding boundary.  a = +-0, +-inf, NaN
+    (y0 not a normal fp64) take y0 itself: +-inf, +-0, NaN, as IEEE 1/a.  (fp64 .ftz only
+    concerns fp64 subnormals, which 16-bit inputs never produce.)
+    """
+    return _asm("{\n.reg .f64 d, dn, y0, y1, e;\n.reg .pred p;\n"
+                "cvt.f64.f32 d, $1;\nneg.f64 dn, d;\nrcp.approx.ftz.f64 y0, d;\n"
+                "fma.rn.f64 e, dn, y0, 0d3FF0000000000000;\nfma.rn.f64 y1, e, y0, y0;\n"
+                "fma.rn.f64 e, dn, y1, 0d3FF0000000000000;\nfma.rn.f64 y1, e, y1, y1;\n"
+                "testp.normal.f64 p, y0;\nselp.f64 y1, y1, y0, p;\ncvt.rn.f32.f64 $0, y1;\n}",
+                (Float32,), [a], "=f,f")
+
+
+def _div6(a):
+    """RN32(a / 6) for every finite 16-bit a >= 0 (checked exhaustively in tests/test_quantize_ref.py):
+    q0 = RN(a * RN(1/6)), r = fma(-6, q0, a) (exact), q = fma(r, RN(1/6), q0).  Non-finite a gives NaN
+    (those groups are overridden)."""
+    return _asm("{\n.reg .f32 q, r;\nmul.rn.f32 q, $1, 0f3E2AAAAB;\nfma.rn.f32 r, q, 0fC0C00000, $1;\n"
+                "fma.rn.f32 $0, r, 0f3E2AAAAB, q;\n}", (Float32,), [a], "=f,f")
+
+
+def _abs(a):
+    return _asm("abs.f32 $0, $1;", (Float32,), [a], "=f,f")
+
+
+def _max_nan(a, b):
+    return _asm("max.NaN.f32 $0, $1, $2;", (Float32,), [a, b], "=f,f,f")
+
+
+def _max_nan_pair(a, b, dt: str):
+    ty = "bf16x2" if dt == "bf16" else "f16x2"
+    return _asm(f"max.NaN.{ty} $0, $1, $2;", (Int32,), [a, b], "=r,r,r")
+
+
+def _amax_pairs(aw, dt: str):
+    """max.NaN over the 16 |x̂| halves of 8 pair words -> Float32 (exact; NaN anywhere gives NaN)."""
+    while len(aw) > 1:
+        aw = [_max_nan_pair(aw[2 * i], aw[2 * i + 1], dt) for i in range(len(aw) // 2)]
+    lo, hi = _f32_pair(aw[0], dt)
+    return _max_nan(lo, hi)
+
+
+def _thresholds(sc, dt: str):
+    """The seven decision thresholds t*s as 16-bit pairs (exact: t has <= 3, s <= 4 significant bits)."""
+    s2 = _pack_pair(sc, sc, dt)
+    ty = "bf16x2" if dt == "bf16" else "f16x2"
+    out = []
+    for tv, _ in _THRESH:
+        c = _half_bits(tv, dt)
+        out.append(_asm(f"{{\n.reg .b32 c;\nmov.b32 c, {(c << 16) | c:#010x};\nmul.rn.{ty} $0, $1, c;\n}}",
+                        (Int32,), [s2], "=r,r"))
+    return out
+
+
+def _half_bits(v: float, dt: str) -> int:
+    import struct
+    if dt == "fp16":
+        return struct.unpack("<H", struct.pack("<e", v))[0]
+    return struct.unpack("<I", struct.pack("<f", v))[0] >> 16
+
+
+def _set_pair(a, b, ge: bool, dt: str):
+    """Per 16-bit half: 0xFFFF where a >= b (ge) / a > b, else 0 (exact compare, no ftz)."""
+    ty = "bf16x2" if dt == "bf16" else "f16x2"
+    return _asm(f"set.{'ge' if ge else 'gt'}.u32.{ty} $0, $1, $2;", (Int32,), [a, b], "=r,r,r")
+
+
+def _sel(k: int, a, b):
+    """Bitwise select: bits of a where the constant mask k is 1, else bits of b (one LOP3)."""
+    return _asm(f"lop3.b32 $0, $1, $2, {k & 0xFFFFFFFF:#010x}, 0xE4;", (Int32,), [a, b], "=r,r,r")
+
+
+def _s32(v: int) -> int:
+    v &= 0xFFFFFFFF
+    return v - (1 << 32) if v >= 1 << 31 else v
+
+
+def _code_pair(w, aw, th, dt: str):
+    """x̂ pair word w (|w| = aw) -> its two E2M1 nibbles at bits 12-15 (even k) and 28-31 (odd k).
+
+    Binary search over the seven decision thresholds th (ties: >= at 0.75, 1.75, 3.5 s; > at
+    0.25, 1.25, 2.5, 5 s), all per 16-bit half with exact packed compares:
+    b2 = |x̂| >= 1.75s; b1 = |x̂| >= (b2 ? 3.5s : 0.75s); b0 = |x̂| > (b2 ? (b1 ? 5s : 2.5s) : (b1 ? 1.25s : 0.25s)).
+    The sign bit (bit 3 of the nibble) is x̂'s own sign bit (bits 15 / 31 of w).
+    """
+    b2 = _set_pair(aw, th[3], True, dt)
+    b1 = _set_pair(aw, b2 & th[5] | ~b2 & th[1], True, dt)
+    hi = b2 & th[6] | ~b2 & th[2]
+    lo = b2 & th[4] | ~b2 & th[0]
+    b0 = _set_pair(aw, b1 & hi | ~b1 & lo, False, dt)
+    y = _sel(0x80008000, w, b2)
+    y = _sel(0xC000C000, y, b1)
+    return _sel(0xE000E000, y, b0)
+
+
+def _bytes4(ys):
+    """Four nibble-pair words (from _code_pair) -> one word of 8 nibbles (element e at bits 4e)."""
+    lo2 = _prmt(ys[0], ys[1], 0x7351)            # [y0.b1, y1.b1, y0.b3, y1.b3]
+    hi2 = _prmt(ys[2], ys[3], 0x7351)
+    p = _prmt(lo2, hi2, 0x5410)                  # even-k nibbles, each in the high half of its byte
+    q = _prmt(lo2, hi2, 0x7632)                  # odd-k nibbles, likewise
+    return _sel(0x0F0F0F0F, _shr(p, 4), q)
+
+
+def _shr(a, n: int):
+    return _asm(f"shr.u32 $0, $1, {n};", (Int32,), [a], "=r,r")
+
+
+def _prmt(a, b, sel: int):
+    return _asm(f"prmt.b32 $0, $1, $2, {sel:#x};", (Int32,), [a, b], "=r,r,r")
+
+
+def _e4m3_pair(sc_lo, sc_hi):
+    """Two fp32 -> (E4M3 byte pair as Int32 [lo | hi << 8], decoded lo, decoded hi), RNE satfinite."""
+    return _asm("{\n.reg .b16 e;\n.reg .b32 hh;\n.reg .b16 h0, h1;\n"
+                "cvt.rn.satfinite.e4m3x2.f32 e, $4, $3;\n"
+                "cvt.u32.u16 $0, e;\n"
+                "cvt.rn.f16x2.e4m3x2 hh, e;\n"
+                "mov.b32 {h0, h1}, hh;\n"
+                "cvt.f32.f16 $1, h0;\ncvt.f32.f16 $2, h1;\n}",
+                (Int32, Float32, Float32), [sc_lo, sc_hi], "=r,=f,=f,f,f")
+
+
+def _st_v2_pred(addr, w0, w1, pred):
+    _asm("{\n.reg .pred p;\nsetp.ne.u32 p, $3, 0;\n@p st.global.v2.u32 [$0], {$1, $2};\n}", (),
+         [addr, w0, w1, pred], "l,r,r,r")
+
+
+def _st_u8_pred(addr, v, pred):
+    _asm("{\n.reg .pred p;\nsetp.ne.u32 p, $2, 0;\n@p st.global.u8 [$0], $1;\n}", (), [addr, v, pred], "l,r,r")
+
+
+def _st_u32_pred(addr, v, pred):
+    _asm("{\n.reg .pred p;\nsetp.ne.u32 p, $2, 0;\n@p st.global.u32 [$0], $1;\n}", (), [addr, v, pred], "l,r,r")
+
+
+def _cp_async16(saddr, gaddr):
+    _asm(f"cp.async.{_CP_CACHE}.shared.global [$0], [$1], 16;", (), [saddr, gaddr], "r,l")
+
+
+def _cp_commit():
+    _asm("cp.async.commit_group;", (), [], "")
+
+
+def _cp_wait(n: int):
+    _asm(f"cp.async.wait_group {n};", (), [], "")
+
+
+def _sts_v2(saddr, a, b):
+    _asm("st.shared.v2.f32 [$0], {$1, $2};", (), [saddr, a, b], "r,f,f")
+
+
+def _sts_f(saddr, a):
+    _asm("st.shared.f32 [$0], $1;", (), [saddr, a], "r,f")
+
+
+def _lds_v4f(saddr):
+    return _asm("ld.shared.v4.f32 {$0, $1, $2, $3}, [$4];", (Float32,) * 4, [saddr], "=f,=f,=f,=f,r", True)
+
+
+def _lds_v2f(saddr):
+    return _asm("ld.shared.v2.f32 {$0, $1}, [$2];", (Float32,) * 2, [saddr], "=f,=f,r", True)
+
+
+def _ldsm_x4_t(saddr):
+    return _asm("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {$0, $1, $2, $3}, [$4];",
+                (Int32,) * 4, [saddr], "=r,=r,=r,=r,r", True)
+
+
+def _mma(dtype: str, c, a, b):
+    ab = "bf16" if dtype == "bf16" else "f16"
+    return _asm(f"mma.sync.aligned.m16n8k16.row.col.f32.{ab}.{ab}.f32 "
+                "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+                (Float32,) * 4, list(a) + list(b) + list(c), "=f,=f,=f,=f,r,r,r,r,r,r,0,1,2,3")
+
+
+# ---------------------------------------------------------------------------
+# The kernel
+# ---------------------------------------------------------------------------
+
+
+class _QuantizeAct:
+    def __init__(self, cfg: _Cfg):
+        self.cfg = cfg
+        self.dt = cfg.dtype
+        self.R = cfg.rank
+        self.W = cfg.warps
+        self.MT = cfg.mtiles
+        self.rows_cta = 16 * cfg.mtiles
+        self.blocked = cfg.scale_layout == "blocked"
+        self.P = _pitch(cfg.rank)
+        self.warp_smem = _warp_smem(cfg)
+        self.smem_bytes = _smem_bytes(cfg)
+        # ".minnctapersm 1" lifts ptxas' own register target (without it ptxas spilled a few values at
+        # 96 / 128 registers in some variants); at rank 128 the budget is already at 255 and the hint
+        # makes it spill instead, so it is left off there.
+        self.min_ctas = 1 if cfg.rank < 128 else 0
+
+    @cute.jit
+    def __call__(self, x: cute.Pointer, smooth: cute.Pointer, lora_down: cute.Pointer, act: cute.Pointer,
+                 ascales: cute.Pointer, lora_act_in: cute.Pointer, m: Int32, k: Int32, use_smooth: Int32,
+                 stream: cuda.CUstream):
+        rows = m
+        if cutlass.const_expr(self.blocked):
+            rows = (m + 127) // 128 * 128
+        grid = (rows + (self.rows_cta - 1)) // self.rows_cta
+        self.kernel(x, smooth, lora_down, act, ascales, lora_act_in, m, k, use_smooth).launch(
+            grid=[grid, 1, 1], block=[32 * self.W, 1, 1], smem=self.smem_bytes, stream=stream, min_blocks_per_mp=self.min_ctas)
+
+    @cute.kernel
+    def kernel(self, x: cute.Pointer, smooth: cute.Pointer, lora_down: cute.Pointer, act: cute.Pointer,
+               ascales: cute.Pointer, lora_act_in: cute.Pointer, m: Int32, k: Int32, use_smooth: Int32):
+        W, MT, R, dt, P = self.W, self.MT, self.R, self.dt, self.P
+        NG = 2 * MT                     # groups (rows) per lane per step
+        tid, _, _ = cute.arch.thread_idx()
+        bid, _, _ = cute.arch.block_idx()
+        warp = tid // 32
+        lane = tid % 32
+        g = lane // 4
+        t = lane % 4
+        row0 = bid * self.rows_cta
+        nsteps = k // STEP_K
+        kg = k // 16                    # scale groups per row
+        m_cover = m
+        if cutlass.const_expr(self.blocked):
+            m_cover = (m + 127) // 128 * 128
+
+        smem = cutlass.memory.SmemAllocator()
+        base = smem.allocate(self.smem_bytes, byte_alignment=128)
+        wbase = base.toint() + warp * self.warp_smem          # this warp's SMEM (Int32 shared address)
+        rs_s = wbase
+        lbuf = wbase + _RS_BYTES
+
+        xb = x.toint()
+        actb = act.toint()
+        scb = ascales.toint()
+
+        # ---- this lane's rows: q = 2*mt + h -> row0 + 16mt + 8h + g ----------
+        rowv = []
+        valid = []
+        xrow = []
+        for q in cutlass.range_constexpr(NG):
+            r = row0 + 16 * (q // 2) + 8 * (q % 2) + g
+            rowv.append(r)
+            valid.append(Int32(r < m))
+            rc = cutlass.min(r, m - 1)                         # clamp: never read past row m-1
+            xrow.append(rc * k + 16 * t)                       # element offset (M*K < 2^31)
+
+        # ---- prefetch the first step's x and smooth pair --------------------
+        s0 = cutlass.min(warp, nsteps - 1)
+        nxt = cute.make_rmem_tensor((NG * 8,), Int32)
+        for q in cutlass.range_constexpr(NG):
+            for hv in cutlass.range_constexpr(2):
+                v = _ld_v4(xb + Int64(xrow[q] + s0 * STEP_K + 8 * hv) * 2)
+                for i in cutlass.range_constexpr(4):
+                    nxt[q * 8 + hv * 4 + i] = v[i]
+        sm_addr0 = smooth.toint() + (Int64(s0) * STEP_K + Int64(2 * lane)) * 2
+        sm_nxt = cute.make_rmem_tensor((1,), Int32)
+        sm_nxt[0] = _ld_pred_u32(sm_addr0, use_smooth, _ONE_PAIR[dt])
+
+        if cutlass.const_expr(R > 0):
+            acc = cute.make_rmem_tensor((MT * (R // 8) * 4,), Float32)
+            acc.fill(0.0)
+            ldb = lora_down.toint()
+            nchunk = R // 8                                    # 16-byte chunks per lora_down row
+            per_lane = (STEP_K * nchunk) // 32
+
+            # stage the first step's lora_down tile into buffer 0
+            for i in cutlass.range_constexpr(per_lane):
+                c = lane + 32 * i
+                kk = c // nchunk
+                cc = c % nchunk
+                srow = 16 * ((kk >> 2) & 3) + 8 * ((kk >> 1) & 1) + 2 * (kk >> 4) + (kk & 1)
+                _cp_async16(lbuf + srow * P + cc * 16,
+                            ldb + ((Int64(s0) * STEP_K + Int64(kk)) * R + cc * 8) * 2)
+            _cp_commit()
+
+        c = self._Ctx()
+        for name in ("warp", "lane", "g", "t", "m", "k", "nsteps", "kg", "m_cover", "use_smooth", "rs_s",
+                     "lbuf", "xrow", "rowv", "valid", "nxt", "sm_nxt", "actb", "scb", "smooth", "xb"):
+            setattr(c, name, locals()[name])
+        if cutlass.const_expr(R > 0):
+            c.acc, c.ldb, c.nchunk, c.per_lane = acc, ldb, nchunk, per_lane
+        if use_smooth != 0:
+            for s in cutlass.range(warp, nsteps, W, unroll=1):
+                self._step(c, s, True)
+        else:
+            for s in cutlass.range(warp, nsteps, W, unroll=1):
+                self._step(c, s, False)
+
+        # ---- LoRA epilogue: reduce the warps' partial sums, store rows < m ----
+        if cutlass.const_expr(R > 0):
+            _cp_wait(0)
+            cute.arch.sync_warp()
+            red = lbuf                                        # this warp's [rows_cta][R] fp32, pitch 4R
+            for rt in cutlass.range_constexpr(R // 16):
+                for q in cutlass.range_constexpr(2 * MT):
+                    o = (rt * 2 * MT + q) * 4
+                    rr0 = 16 * (q // 2) + 8 * (q % 2) + 2 * t          # CTA-local row of c0
+                    rc = 16 * rt + g                                   # LoRA column of c0
+                    _sts_f(red + (rr0 * R + rc) * 4, acc[o])
+                    _sts_f(red + ((rr0 + 1) * R + rc) * 4, acc[o + 1])
+                    _sts_f(red + (rr0 * R + rc + 8) * 4, acc[o + 2])
+                    _sts_f(red + ((rr0 + 1) * R + rc + 8) * 4, acc[o + 3])
+            cute.arch.sync_threads()
+            npairs = self.rows_cta * R // 2
+            per_thr = (npairs + 32 * W - 1) // (32 * W)
+            lab = lora_act_in.toint()
+            b0 = base.toint() + _RS_BYTES
+            for i in cutlass.range_constexpr(per_thr):
+                idx = tid + 32 * W * i
+                rr = idx // (R // 2)
+                cc = (idx % (R // 2)) * 2
+                s0v = Float32(0.0)
+                s1v = Float32(0.0)
+                for w in cutlass.range_constexpr(W):
+                    pv = _lds_v2f(b0 + w * self.warp_smem + (rr * R + cc) * 4)
+                    s0v = s0v + pv[0]
+                    s1v = s1v + pv[1]
+                row = row0 + rr
+                ok = Int32((row < m) & (idx < npairs))
+                _st_u32_pred(lab + (Int64(cutlass.min(row, m - 1)) * R + cc) * 2, _pack_pair(s0v, s1v, dt), ok)
+
+
+    class _Ctx:
+        """Trace-time bag of the kernel's per-thread values (keeps the loop body out of the AST rewrite)."""
+
+    def _step(self, c, s, smoothing):
+        """One K step of one warp (plain Python at trace time); smoothing: trace the x / smooth path."""
+        W, MT, R, dt, P = self.W, self.MT, self.R, self.dt, self.P
+        NG = 2 * MT
+        warp, lane, t, g, m, k, nsteps, kg, m_cover = c.warp, c.lane, c.t, c.g, c.m, c.k, c.nsteps, c.kg, c.m_cover
+        use_smooth, rs_s, lbuf, xrow, rowv, valid, nxt, sm_nxt = (c.use_smooth, c.rs_s, c.lbuf, c.xrow, c.rowv,
+                                                                   c.valid, c.nxt, c.sm_nxt)
+        actb, scb, smooth = c.actb, c.scb, c.smooth
+        if R > 0:
+            acc, ldb, nchunk, per_lane = c.acc, c.ldb, c.nchunk, c.per_lane
+        it = (s - warp) // W
+        cur = [nxt[i] for i in range(NG * 8)]
+        sm_cur = sm_nxt[0]
+        cute.arch.sync_warp()                             # everyone is done with the last rs / tile reads
+        # prefetch step s + W (clamped to a valid step: the last one is re-read, harmlessly)
+        sn = cutlass.min(s + W, nsteps - 1)
+        for q in range(NG):
+            for hv in range(2):
+                v = _ld_v4(c.xb + Int64(xrow[q] + sn * STEP_K + 8 * hv) * 2)
+                for i in range(4):
+                    nxt[q * 8 + hv * 4 + i] = v[i]
+        if smoothing:
+            sm_nxt[0] = _ld_pred_u32(smooth.toint() + (Int64(sn) * STEP_K + Int64(2 * lane)) * 2,
+                                  use_smooth, _ONE_PAIR[dt])
+        if R > 0:
+            nb = lbuf + ((it + 1) % 2) * (STEP_K * P)
+            for i in range(per_lane):
+                c = lane + 32 * i
+                kk = c // nchunk
+                cc = c % nchunk
+                srow = 16 * ((kk >> 2) & 3) + 8 * ((kk >> 1) & 1) + 2 * (kk >> 4) + (kk & 1)
+                _cp_async16(nb + srow * P + cc * 16,
+                            ldb + ((Int64(sn) * STEP_K + Int64(kk)) * R + cc * 8) * 2)
+            _cp_commit()
+
+        if smoothing:
+            # reciprocals of smooth for the step's 64 k: lane computes k = 2*lane, 2*lane + 1
+            s_lo, s_hi = _f32_pair(sm_cur, dt)
+            _sts_v2(rs_s + 8 * lane, _rcp16(s_lo), _rcp16(s_hi))
+            cute.arch.sync_warp()
+            rs = []
+            for i in range(4):
+                v4 = _lds_v4f(rs_s + 64 * t + 16 * i)
+                rs.extend(list(v4))
+
+        # ---- x̂ as 16-bit pair words; amax per group ------------------------
+        xh = []
+        aws = []
+        amaxes = []
+        for q in range(NG):
+            if smoothing:
+                wq = []
+                for i in range(8):
+                    lo, hi = _f32_pair(cur[q * 8 + i], dt)
+                    wq.append(_pack_pair(_mul_rn(lo, rs[2 * i]), _mul_rn(hi, rs[2 * i + 1]), dt))
+            else:
+                wq = [cur[q * 8 + i] for i in range(8)]
+            xh.append(wq)
+            aws.append([w & Int32(0x7FFF7FFF) for w in wq])
+            amaxes.append(_amax_pairs(aws[-1], dt))
+
+        # ---- LoRA-down MMAs over the staged tile (issued before the code work so that
+        #      their latency overlaps it) ---------------------------------------
+        if R > 0:
+            _cp_wait(1)
+            cute.arch.sync_warp()
+            cb = lbuf + (it % 2) * (STEP_K * P)
+            mq = lane // 8
+            mv = lane % 8
+            # lora_act_in^T[r, row] += lora_down^T[r, k] . x̂[row, k]: A = lora_down^T (ldmatrix.trans),
+            # B = x̂ (the lane's own pair words: for block j, words 2j and 2j + 1 of each row).
+            for j in range(4):
+                for rt in range(R // 16):
+                    sa = cb + (16 * j + 8 * (mq // 2) + mv) * P + (16 * rt + 8 * (mq % 2)) * 2
+                    a = _ldsm_x4_t(sa)
+                    for q in range(NG):
+                        o = (rt * NG + q) * 4
+                        c4 = (acc[o], acc[o + 1], acc[o + 2], acc[o + 3])
+                        d = _mma(dt, c4, a, (xh[q][2 * j], xh[q][2 * j + 1]))
+                        for i in range(4):
+                            acc[o + i] = d[i]
+
+        # ---- scales and codes ------------------------------------------------
+        for qp in range(MT):
+            qa, qb = 2 * qp, 2 * qp + 1
+            sca = _div6(amaxes[qa])
+            scb_ = _div6(amaxes[qb])
+            bytes2, dec_a, dec_b = _e4m3_pair(sca, scb_)
+            for q, byte, dec in ((qa, bytes2 & 0xFF, dec_a), (qb, (bytes2 >> 8) & 0xFF, dec_b)):
+                nonfin = amaxes[q].bitcast(Int32) >= Int32(0x7F800000)
+                byte = cutlass.select_(nonfin, Int32(0x7F), byte)
+                zero = nonfin | (dec == Float32(0.0))
+                th = _thresholds(dec, dt)
+                words = []
+                for hw in range(2):
+                    ys = [_code_pair(xh[q][4 * hw + i], aws[q][4 * hw + i], th, dt) for i in range(4)]
+                    wv = _bytes4(ys)
+                    words.append(cutlass.select_(zero, Int32(0), wv))
+                r = rowv[q]
+                aoff = Int64(r * (k // 2) + s * (STEP_K // 2) + 8 * t)
+                _st_v2_pred(actb + aoff, words[0], words[1], valid[q])
+                if self.blocked:
+                    soff = (((r >> 7) * (kg // 4) + s) * 512 + (r & 31) * 16 + ((r >> 5) & 3) * 4 + t)
+                    _st_u8_pred(scb + Int64(soff), cutlass.select_(r < m, byte, Int32(0)),
+                                Int32(r < m_cover))
+                else:
+                    _st_u8_pred(scb + Int64(r * kg + s * 4 + t), byte, valid[q])
+
+
+# ---------------------------------------------------------------------------
+# Family contract
+# ---------------------------------------------------------------------------
+
+
+def config_axes(arch: str, section: dict) -> tuple[list[dict], list[str]]:
+    """``variants.<arch>.quantize_act`` -> tuning dicts.  Keys ``warps``, ``mtiles`` (lists);
+    defaults: one variant, warps=4, mtiles=1."""
+    problems: list[str] = []
+    for key in sorted(set(section) - set(TUNING)):
+        problems.append(f"{key}: unknown key (allowed: {', '.join(TUNING)})")
+    lists = {}
+    for key, allowed in TUNING.items():
+        vals = section.get(key, [DEFAULT_TUNING[key]])
+        if not isinstance(vals, list) or not vals:
+            problems.append(f"{key}: {vals!r}: expected a non-empty list")
+            vals = []
+        good = []
+        for i, v in enumerate(vals):
+            if isinstance(v, bool) or v not in allowed:
+                problems.append(f"{key}[{i}]: {v!r}: not supported (allowed: {', '.join(map(str, allowed))})")
+            elif v in good:
+                problems.append(f"{key}[{i}]: {v!r}: duplicate value")
+            else:
+                good.append(v)
+        lists[key] = good
+    out = [dict(warps=w, mtiles=mt) for w in lists["warps"] for mt in lists["mtiles"]]
+    return out, problems
+
+
+def resolve(arch: str, knobs: dict) -> dict:
+    out = dict(knobs)
+    for key, v in DEFAULT_TUNING.items():
+        if out.get(key, "auto") == "auto":
+            out[key] = v
+    return out
+
+
+def invalid_reason(arch: str, knobs: dict) -> Optional[str]:
+    """The one validity predicate of this family: None if buildable, else why (with numbers)."""
+    if arch not in ARCHS:
+        return f"arch {arch} is not built by {NAME} (builds {', '.join(ARCHS)})"
+    problems = []
+    for table in (FEATURE_VALUES, TUNING):
+        for key, allowed in table.items():
+            if key not in knobs:
+                problems.append(f"knob {key} missing")
+            elif knobs[key] not in allowed or type(knobs[key]) is not type(allowed[0]):
+                problems.append(f"{key} {knobs[key]!r} not supported by {NAME} "
+                                f"(supported: {', '.join(map(repr, allowed))})")
+    extra = sorted(set(knobs) - set(FEATURE_VALUES) - set(TUNING))
+    if extra:
+        problems.append(f"unknown knobs {extra}")
+    if problems:
+        return "; ".join(problems)
+    return _problem(_cfg_of(knobs), arch)
+
+
+def requirements(arch: str, knobs: dict) -> dict:
+    """K must be a multiple of one warp step (64); any M >= 1."""
+    return {"k_multiple": STEP_K}
+
+
+def compile(arch: str, knobs: dict, name: str, dump_dir: str, *, keep_ptx: bool = False):
+    """Trace and cross-compile one variant for `arch` (no GPU needed); kernel symbol ``<name>_0``."""
+    from svdq_aot.family import CompiledKernel
+
+    reason = invalid_reason(arch, knobs)
+    if reason:
+        raise ValueError(f"cannot compile {name}: {reason}")
+    if "cutlass" in name.lower():
+        raise ValueError(f"kernel name {name!r} must not contain 'cutlass' (ptxas spills on such symbols)")
+    cfg = _cfg_of(knobs)
+    op = _QuantizeAct(cfg)
+    _QuantizeAct.kernel.set_name_prefix(name, remove_cutlass_symbol=True, keep_mangled_name=False)
+    host = name.replace("svdq_", "svdq_host_", 1) if name.startswith("svdq_") else "host_" + name
+    _QuantizeAct.__call__.set_name_prefix(host, remove_cutlass_symbol=True, keep_mangled_name=False)
+    xt = _DT[cfg.dtype]
+
+    def gptr(dtype):
+        return make_ptr(dtype, 0, cute.AddressSpace.gmem, assumed_align=16)
+
+    args = (gptr(xt), gptr(xt), gptr(xt), gptr(Uint8), gptr(Uint8), gptr(xt),
+            Int32(64), Int32(64), Int32(0), cuda.CUstream(0))
+    os.makedirs(dump_dir, exist_ok=True)
+    options = f"--gpu-arch {arch} --keep-cubin --dump-dir {dump_dir}"
+    if keep_ptx:
+        options += " --keep-ptx"
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="This static loop has")
+        compiled = cute.compile(op, *args, options=options)
+    cubin = _read_cubin(compiled, dump_dir, arch)
+    symbols = list(compiled.kernel_info)
+    for sym in symbols:
+        if "cutlass" in sym.lower() or not sym.startswith(name):
+            raise RuntimeError(f"unexpected kernel symbol {sym!r} (must start {name!r}, no 'cutlass')")
+    ck = CompiledKernel(cubin=cubin, compiled=compiled, entry=compiled.function_name, kernel_symbols=symbols,
+                        smem_bytes=op.smem_bytes, resource_usage=cubin_resource_usage(cubin))
+    if keep_ptx:
+        ck.ptx = _read_ptx(compiled, dump_dir)
+    return ck
+
+
+def _read_ptx(compiled: Any, dump_dir: str) -> Optional[str]:
+    art = getattr(compiled.artifacts, "PTX", None)
+    if isinstance(art, bytes):
+        art = art.decode()
+    if isinstance(art, str) and os.path.isfile(art):
+        with open(art) as f:
+            art = f.read()
+    if isinstance(art, str) and ".entry" in art:
+        return art
+    for f in os.listdir(dump_dir):
+        if f.endswith(".ptx") and compiled.function_name in f:
+            with open(os.path.join(dump_dir, f)) as fh:
+                return fh.read()
+    return None

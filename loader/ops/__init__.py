@@ -1,0 +1,22 @@
+"""The operators the loader serves, each declared once (`OPS`: name -> `OpSpec`).
+
+Torch-facing call code of each op lives in its own module and imports torch
+lazily, so the builder can read the specs without torch installed.
+"""
+from __future__ import annotations
+
+from .gemm_w4a4 import SPEC as GEMM_W4A4
+from .quantize_act import SPEC as QUANTIZE_ACT
+from .spec import PTR_ALIGN, Feature, OpSpec, variant_name
+
+OPS: dict[str, OpSpec] = {s.name: s for s in (GEMM_W4A4, QUANTIZE_ACT)}
+
+
+def op_spec(name: str) -> OpSpec:
+    try:
+        return OPS[name]
+    except KeyError:
+        raise KeyError(f"unknown operator {name!r}; known: {', '.join(OPS)}") from None
+
+
+__all__ = ["OPS", "op_spec", "OpSpec", "Feature", "PTR_ALIGN", "variant_name", "GEMM_W4A4", "QUANTIZE_ACT"]

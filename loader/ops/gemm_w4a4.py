@@ -1,0 +1,279 @@
+"""Operator ``gemm_w4a4``: the SVDQuant W4A4 (NVFP4) GEMM with LoRA residual and per-column affine.
+
+    y[m, n] = (Σ_k A[m,k]·W[n,k])·wcscale[n] + bias[n] + Σ_r lora_act_in[m,r]·lora_up[n,r]
+
+The spec (`SPEC`) is pure Python.  The torch-facing part (`prepare_weight`,
+`plan_call`) checks every argument on tensor metadata only, before anything
+touches the GPU.  Logical layouts:
+
+    act      [M, K/2]  uint8 (two E2M1 nibbles, low = even k)
+    ascales  [M, K/16] float8_e4m3fn (layout "logical"; see layouts.py)
+    wgt      [N, K/2]  uint8
+    wscales  [N, K/16] float8_e4m3fn
+    lora_act_in [M, R], lora_up [N, R]   fp16 or bf16 (= output dtype)
+    wcscale, bias [N]  any float dtype (used as float32)
+    out      [M, N]    fp16 or bf16, row-major
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .layouts import SCALE_LAYOUT_BY_ARCH
+from .spec import PTR_ALIGN, Feature, OpSpec
+
+
+def _shape_rule(req, dims) -> str | None:
+    if dims["m"] < 1:
+        return f"M={dims['m']} must be at least 1"
+    if dims["n"] % req["n_multiple"]:
+        return f"N={dims['n']} is not a multiple of {req['n_multiple']}"
+    if dims["k"] % req["k_multiple"]:
+        return f"K={dims['k']} is not a multiple of {req['k_multiple']}"
+    return None
+
+
+def _coverage(config) -> list[tuple[str, str, dict]]:
+    return [(f"{s.name} (K={s.k}, N={s.n})", f"shapes.{s.name}", {"m": 1, "n": s.n, "k": s.k})
+            for s in config.shapes]
+
+
+SPEC = OpSpec(
+    name="gemm_w4a4",
+    summary="NVFP4 W4A4 GEMM + LoRA residual + per-column scale and bias",
+    host_args=(
+        ("act", "ptr"), ("ascales", "ptr"), ("wgt", "ptr"), ("wscales", "ptr"),
+        ("lora_act_in", "ptr"), ("lora_up", "ptr"), ("wcscale", "ptr"), ("bias", "ptr"),
+        ("out", "ptr"), ("m", "i32"), ("n", "i32"), ("k", "i32"), ("sm_count", "i32"),
+        ("stream", "stream"),
+    ),
+    features=(
+        Feature("out_dtype", "out_dtypes", ("bf16", "fp16")),
+        Feature("rank", "ranks"),
+        Feature("wcscale", "wcscale", (False, True)),
+        Feature("bias", "bias", (False, True)),
+        Feature("scale_layout", "arch", by_arch=SCALE_LAYOUT_BY_ARCH),
+    ),
+    dims=("m", "n", "k"),
+    shape_rule=_shape_rule,
+    requirement_keys=("n_multiple", "k_multiple"),
+    coverage_problems=_coverage,
+    sample_scalars={"sm_count": 132},
+)
+
+
+# ---------------------------------------------------------------------------
+# The per-call part: torch tensors -> checked call (torch imported on first use)
+# ---------------------------------------------------------------------------
+
+from .checks import check_devices, check_i32_sizes, check_tensor, check_vector, fail, half_dtypes, torch_module  # noqa: E402
+from .layouts import BLOCK_K, scale_shape  # noqa: E402
+
+
+def _as_f32(t):
+    t = t.to(torch_module().float32).contiguous()
+    if t.data_ptr() % PTR_ALIGN:
+        t = t.clone()
+    return t
+
+
+@dataclass(frozen=True)
+class PreparedWeight:
+    """The weight side of ``gemm_w4a4``, checked and converted once.
+
+    Pass it as `wgt`; nothing on the weight side is then checked or
+    converted per call.
+    """
+    wgt: object                 # [N, K/2] uint8
+    wscales: object             # [N, K/16] float8_e4m3fn
+    lora_up: object | None      # [N, R] fp16/bf16
+    wcscale: object | None      # [N] float32
+    bias: object | None         # [N] float32
+    n: int
+    k: int
+    rank: int
+
+    def __post_init__(self):
+        # what every call reuses: the weight-side pointers in host-argument order, the device
+        ptr = lambda t: t.data_ptr() if t is not None else 0  # noqa: E731
+        object.__setattr__(self, "ptrs", (ptr(self.wgt), ptr(self.wscales), ptr(self.lora_up),
+                                          ptr(self.wcscale), ptr(self.bias)))
+        object.__setattr__(self, "device_index", self.wgt.get_device())
+        object.__setattr__(self, "lora_dtype", self.lora_up.dtype if self.lora_up is not None else None)
+
+    @property
+    def device(self):
+        return self.wgt.device
+
+
+def prepare_weight(wgt, wscales, *, lora_up=None, wcscale=None, bias=None) -> PreparedWeight:
+    torch = torch_module()
+    check_tensor("wgt", wgt, dtype=torch.uint8, ndim=2)
+    n, kh = wgt.shape
+    k = 2 * kh
+    if n < 1 or kh < 1:
+        fail(f"wgt must be non-empty, got shape {tuple(wgt.shape)}")
+    if k % BLOCK_K:
+        fail(f"K = 2*wgt.shape[1] = {k} must be a multiple of {BLOCK_K} (one E4M3 scale per {BLOCK_K} k)")
+    check_tensor("wscales", wscales, dtype=torch.float8_e4m3fn, ndim=2, shape=(n, k // BLOCK_K))
+    rank = 0
+    if lora_up is not None:
+        check_tensor("lora_up", lora_up, dtype=tuple(half_dtypes()), ndim=2, shape=(n, None))
+        rank = int(lora_up.shape[1])
+        if rank < 1 or rank % 16:
+            fail(f"LoRA rank R = lora_up.shape[1] = {rank} must be a positive multiple of 16")
+    if wcscale is not None:
+        check_vector("wcscale", wcscale, n)
+    if bias is not None:
+        check_vector("bias", bias, n)
+    check_devices(dict(wgt=wgt, wscales=wscales, lora_up=lora_up, wcscale=wcscale, bias=bias))
+    if wcscale is not None:
+        wcscale = _as_f32(wcscale)
+    if bias is not None:
+        bias = _as_f32(bias)
+    return PreparedWeight(wgt, wscales, lora_up, wcscale, bias, n, k, rank)
+
+
+@dataclass(frozen=True)
+class GemmCall:
+    """One checked call: the selection features, dims, output and the host-argument values."""
+    features: tuple             # (out_dtype, rank, wcscale, bias, scale_layout) = SPEC.feature_names
+    m: int
+    n: int
+    k: int
+    out: object
+    pointers: dict
+
+
+def plan_call(arch: str, act, weight: PreparedWeight, ascales, *, lora_act_in=None, out=None,
+              out_dtype=None) -> GemmCall:
+    torch = torch_module()
+    check_tensor("act", act, dtype=torch.uint8, ndim=2)
+    m, kh = act.shape
+    if m < 1:
+        fail(f"act must have at least one row (M >= 1), got shape {tuple(act.shape)}")
+    if 2 * kh != weight.k:
+        fail(f"act has K = 2*{kh} = {2 * kh} but the weight has K = {weight.k}")
+    k, n = weight.k, weight.n
+    check_i32_sizes(M_times_N_output_elements=m * n, M_times_K_half_act_bytes=m * kh,
+                    N_times_K_half_weight_bytes=n * kh)
+    layout = SCALE_LAYOUT_BY_ARCH.get(arch, "logical")
+    want_shape = scale_shape(layout, m, k)
+    if isinstance(ascales, torch.Tensor) and tuple(ascales.shape) != want_shape:
+        fail(f"ascales has shape {tuple(ascales.shape)} but the {arch} GEMM reads the {layout} scale layout, "
+             f"shape {want_shape} for M={m}, K={k}; pass the ascales that quantize_act wrote on this device")
+    check_tensor("ascales", ascales, dtype=torch.float8_e4m3fn, ndim=len(want_shape), shape=want_shape)
+
+    if (lora_act_in is None) != (weight.lora_up is None):
+        fail("lora_act_in and lora_up must be given together (got only "
+             f"{'lora_act_in' if lora_act_in is not None else 'lora_up'})")
+    dts = half_dtypes()
+    if out_dtype is not None and out_dtype not in dts:
+        fail(f"out_dtype must be torch.float16 or torch.bfloat16, got {out_dtype}")
+    want = out_dtype
+    if out is not None:
+        check_tensor("out", out, dtype=tuple(dts), ndim=2, shape=(m, n))
+        if want is not None and out.dtype != want:
+            fail(f"out has dtype {out.dtype} but out_dtype={want}")
+        want = out.dtype
+    if weight.lora_up is not None:
+        if want is None:
+            want = weight.lora_up.dtype
+        if weight.lora_up.dtype != want:
+            fail(f"lora_up has dtype {weight.lora_up.dtype}, must equal the output dtype {want}")
+        check_tensor("lora_act_in", lora_act_in, dtype=want, ndim=2, shape=(m, weight.rank))
+    if want is None:
+        want = torch.bfloat16
+    check_devices(dict(act=act, wgt=weight.wgt, ascales=ascales, lora_act_in=lora_act_in, out=out))
+    if out is None:
+        out = torch.empty((m, n), dtype=want, device=act.device)
+    ptrs = dict(
+        act=act.data_ptr(), ascales=ascales.data_ptr(), wgt=weight.wgt.data_ptr(),
+        wscales=weight.wscales.data_ptr(),
+        lora_act_in=lora_act_in.data_ptr() if lora_act_in is not None else 0,
+        lora_up=weight.lora_up.data_ptr() if weight.lora_up is not None else 0,
+        wcscale=weight.wcscale.data_ptr() if weight.wcscale is not None else 0,
+        bias=weight.bias.data_ptr() if weight.bias is not None else 0,
+        out=out.data_ptr(),
+    )
+    feats = (dts[want], weight.rank, weight.wcscale is not None, weight.bias is not None, layout)
+    return GemmCall(feats, m, n, k, out, ptrs)
+
+
+# ---------------------------------------------------------------------------
+# The hot path: the same rules as plan_call, checked in one pass
+# ---------------------------------------------------------------------------
+
+#: The order `fast_args` builds its argument list in; it must be the spec's (checked at import).
+_FAST_ORDER = ("act", "ascales", "wgt", "wscales", "lora_act_in", "lora_up", "wcscale", "bias", "out",
+               "m", "n", "k", "sm_count", "stream")
+if SPEC.arg_names != _FAST_ORDER:  # pragma: no cover - a spec edit must update the fast path too
+    raise ImportError(f"gemm_w4a4: fast_args builds {_FAST_ORDER} but the spec's host args are {SPEC.arg_names}")
+SM_COUNT_INDEX = _FAST_ORDER.index("sm_count")
+STREAM_INDEX = _FAST_ORDER.index("stream")
+_I32 = 1 << 31
+_fast_consts = None
+
+
+def _consts():
+    global _fast_consts
+    torch = torch_module()
+    _fast_consts = (torch.Tensor, torch.uint8, torch.float8_e4m3fn, half_dtypes(), torch.empty)
+    return _fast_consts
+
+
+def fast_args(arch: str, act, weight, ascales, lora_act_in, out, out_dtype):
+    """``(features, dims, out, args)`` when every rule of `plan_call` holds, else None.
+
+    `args` is the host-argument list with ``sm_count`` and ``stream`` left
+    0 for the caller.  None never means "invalid": the caller then runs
+    `plan_call`, which raises the precise error (or accepts a rare form this
+    one-pass check does not take, such as a tensor subclass).
+    """
+    T, u8, f8, halves, empty = _fast_consts or _consts()
+    if type(act) is not T or type(ascales) is not T or type(weight) is not PreparedWeight:
+        return None
+    if act.dtype is not u8 or ascales.dtype is not f8 or act.dim() != 2:
+        return None
+    m, kh = act.shape
+    k, n = weight.k, weight.n
+    if m < 1 or 2 * kh != k or m * n >= _I32 or m * kh >= _I32 or SCALE_LAYOUT_BY_ARCH.get(arch) != "logical":
+        return None
+    if ascales.shape != (m, k // BLOCK_K) or not act.is_contiguous() or not ascales.is_contiguous():
+        return None
+    dev = act.get_device()          # -1 for a CPU tensor
+    pa, ps = act.data_ptr(), ascales.data_ptr()
+    if dev < 0 or (pa | ps) & (PTR_ALIGN - 1) or ascales.get_device() != dev or weight.device_index != dev:
+        return None
+    want = weight.lora_dtype
+    if out is not None:
+        if type(out) is not T or out.dtype not in halves or out.shape != (m, n) or not out.is_contiguous() \
+                or out.get_device() != dev or (want is not None and out.dtype is not want):
+            return None
+        want = out.dtype
+    if out_dtype is not None and (out_dtype is not want if want is not None else out_dtype not in halves):
+        return None
+    want = want or out_dtype or _bf16()
+    if want not in halves:
+        return None
+    pl = 0
+    if weight.rank:
+        if type(lora_act_in) is not T or lora_act_in.dtype is not want or lora_act_in.shape != (m, weight.rank) \
+                or not lora_act_in.is_contiguous() or lora_act_in.get_device() != dev:
+            return None
+        pl = lora_act_in.data_ptr()
+        if pl & (PTR_ALIGN - 1):
+            return None
+    elif lora_act_in is not None:
+        return None
+    if out is None:
+        out = empty((m, n), dtype=want, device=act.device)
+    po = out.data_ptr()
+    if po & (PTR_ALIGN - 1):
+        return None
+    pw, pws, plu, pwc, pb = weight.ptrs
+    feats = (halves[want], weight.rank, pwc != 0, pb != 0, "logical")
+    return feats, (("m", m), ("n", n), ("k", k)), out, [pa, ps, pw, pws, pl, plu, pwc, pb, po, m, n, k, 0, 0]
+
+
+def _bf16():
+    return torch_module().bfloat16

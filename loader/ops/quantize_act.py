@@ -1,0 +1,185 @@
+"""Operator ``quantize_act``: bf16/fp16 activations -> NVFP4 codes + E4M3 block scales (+ LoRA-down).
+
+    x̂            = x / smooth                      (smooth optional, [K])
+    act, ascales = NVFP4(x̂)                        (exact rules: svdq_loader.testing.quantize_ref)
+    lora_act_in  = x̂ @ lora_down                   (lora_down optional, [K, R]; fp32 accumulation)
+
+Outputs: ``act [M, K/2]`` uint8 (low nibble = even k), ``ascales`` in the
+layout the GEMM family of the device reads (`layouts.SCALE_LAYOUT_BY_ARCH`),
+``lora_act_in [M, R]`` in x's dtype.
+"""
+from __future__ import annotations
+
+from .layouts import SCALE_LAYOUT_BY_ARCH
+from .spec import PTR_ALIGN, Feature, OpSpec
+
+
+def _shape_rule(req, dims) -> str | None:
+    if dims["m"] < 1:
+        return f"M={dims['m']} must be at least 1"
+    if dims["k"] % req["k_multiple"]:
+        return f"K={dims['k']} is not a multiple of {req['k_multiple']}"
+    return None
+
+
+def _coverage(config) -> list[tuple[str, str, dict]]:
+    """Every distinct K of the config's shapes (the activation side of each linear)."""
+    out, seen = [], set()
+    for s in config.shapes:
+        if s.k not in seen:
+            seen.add(s.k)
+            out.append((f"K={s.k}", f"shapes.{s.name}", {"m": 1, "k": s.k}))
+    return out
+
+
+SPEC = OpSpec(
+    name="quantize_act",
+    summary="NVFP4 activation quantization with optional smoothing and fused LoRA-down",
+    host_args=(
+        ("x", "ptr"), ("smooth", "ptr"), ("lora_down", "ptr"),
+        ("act", "ptr"), ("ascales", "ptr"), ("lora_act_in", "ptr"),
+        ("m", "i32"), ("k", "i32"), ("use_smooth", "i32"),
+        ("stream", "stream"),
+    ),
+    features=(
+        Feature("dtype", "out_dtypes", ("bf16", "fp16")),
+        Feature("rank", "ranks"),
+        Feature("scale_layout", "arch", by_arch=SCALE_LAYOUT_BY_ARCH),
+    ),
+    dims=("m", "k"),
+    shape_rule=_shape_rule,
+    requirement_keys=("k_multiple",),
+    coverage_problems=_coverage,
+)
+
+# ---------------------------------------------------------------------------
+# The per-call part (torch imported on first use)
+# ---------------------------------------------------------------------------
+
+from dataclasses import dataclass  # noqa: E402
+
+from .checks import check_devices, check_i32_sizes, check_tensor, fail, half_dtypes, torch_module  # noqa: E402
+from .layouts import BLOCK_K, scale_shape  # noqa: E402
+
+
+@dataclass(frozen=True)
+class QuantizeCall:
+    features: tuple          # (dtype, rank, scale_layout) = SPEC.feature_names
+    m: int
+    k: int
+    use_smooth: int
+    outputs: tuple           # (act, ascales, lora_act_in or None)
+    pointers: dict
+
+
+def plan_call(arch: str, x, *, smooth=None, lora_down=None, out_act=None, out_scales=None,
+              out_lora=None) -> QuantizeCall:
+    torch = torch_module()
+    dts = half_dtypes()
+    check_tensor("x", x, dtype=tuple(dts), ndim=2)
+    m, k = x.shape
+    if m < 1 or k < 1:
+        fail(f"x must be non-empty [M, K], got shape {tuple(x.shape)}")
+    if k % BLOCK_K:
+        fail(f"K = x.shape[1] = {k} must be a multiple of {BLOCK_K} (one scale per {BLOCK_K} k)")
+    check_i32_sizes(M_times_K_elements=m * k)
+    if smooth is not None:
+        check_tensor("smooth", smooth, dtype=x.dtype, ndim=1, shape=(k,))
+    rank = 0
+    if lora_down is not None:
+        check_tensor("lora_down", lora_down, dtype=x.dtype, ndim=2, shape=(k, None))
+        rank = int(lora_down.shape[1])
+        if rank < 1 or rank % 16:
+            fail(f"LoRA rank R = lora_down.shape[1] = {rank} must be a positive multiple of 16")
+    elif out_lora is not None:
+        fail("out_lora was given but lora_down was not: there is no LoRA-down product to write")
+    layout = SCALE_LAYOUT_BY_ARCH.get(arch, "logical")
+    s_shape = scale_shape(layout, m, k)
+    if out_act is not None:
+        check_tensor("out_act", out_act, dtype=torch.uint8, ndim=2, shape=(m, k // 2))
+    if out_scales is not None:
+        if isinstance(out_scales, torch.Tensor) and tuple(out_scales.shape) != s_shape:
+            fail(f"out_scales has shape {tuple(out_scales.shape)} but on {arch} quantize_act writes the {layout} "
+                 f"scale layout the GEMM reads, shape {s_shape} for M={m}, K={k}")
+        check_tensor("out_scales", out_scales, dtype=torch.float8_e4m3fn, ndim=len(s_shape), shape=s_shape)
+    if out_lora is not None:
+        check_tensor("out_lora", out_lora, dtype=x.dtype, ndim=2, shape=(m, rank))
+    check_devices(dict(x=x, smooth=smooth, lora_down=lora_down, out_act=out_act, out_scales=out_scales,
+                       out_lora=out_lora))
+    dev = x.device
+    if out_act is None:
+        out_act = torch.empty((m, k // 2), dtype=torch.uint8, device=dev)
+    if out_scales is None:
+        out_scales = torch.empty(s_shape, dtype=torch.float8_e4m3fn, device=dev)
+    if rank and out_lora is None:
+        out_lora = torch.empty((m, rank), dtype=x.dtype, device=dev)
+    ptrs = dict(
+        x=x.data_ptr(), smooth=smooth.data_ptr() if smooth is not None else 0,
+        lora_down=lora_down.data_ptr() if lora_down is not None else 0,
+        act=out_act.data_ptr(), ascales=out_scales.data_ptr(),
+        lora_act_in=out_lora.data_ptr() if out_lora is not None else 0,
+    )
+    return QuantizeCall((dts[x.dtype], rank, layout), m, k, int(smooth is not None),
+                        (out_act, out_scales, out_lora), ptrs)
+
+
+# ---------------------------------------------------------------------------
+# The hot path: the same rules as plan_call, checked in one pass
+# ---------------------------------------------------------------------------
+
+_FAST_ORDER = ("x", "smooth", "lora_down", "act", "ascales", "lora_act_in", "m", "k", "use_smooth", "stream")
+if SPEC.arg_names != _FAST_ORDER:  # pragma: no cover - a spec edit must update the fast path too
+    raise ImportError(f"quantize_act: fast_args builds {_FAST_ORDER} but the spec's host args are {SPEC.arg_names}")
+STREAM_INDEX = _FAST_ORDER.index("stream")
+_fast_consts = None
+
+
+def _consts():
+    global _fast_consts
+    torch = torch_module()
+    _fast_consts = (torch.Tensor, half_dtypes(), torch.empty, torch.uint8, torch.float8_e4m3fn)
+    return _fast_consts
+
+
+def fast_args(arch: str, x, smooth, lora_down):
+    """``(features, dims, outputs, args)`` for a call with no caller-given outputs when every rule holds.
+
+    None never means "invalid": the caller then runs `plan_call`, which
+    raises the precise error (or accepts what this one-pass check leaves out).
+    """
+    T, halves, empty, u8, f8 = _fast_consts or _consts()
+    if type(x) is not T or x.dim() != 2:
+        return None
+    dt = x.dtype
+    name = halves.get(dt)
+    layout = SCALE_LAYOUT_BY_ARCH.get(arch)
+    m, k = x.shape
+    if name is None or layout is None or m < 1 or k < 1 or k % BLOCK_K or m * k >= 1 << 31 \
+            or not x.is_contiguous():
+        return None
+    dev = x.get_device()
+    px = x.data_ptr()
+    ps = pd = 0
+    if smooth is not None:
+        if type(smooth) is not T or smooth.dtype is not dt or smooth.shape != (k,) or not smooth.is_contiguous() \
+                or smooth.get_device() != dev:
+            return None
+        ps = smooth.data_ptr()
+    rank = 0
+    if lora_down is not None:
+        if type(lora_down) is not T or lora_down.dtype is not dt or lora_down.dim() != 2 \
+                or lora_down.shape[0] != k or not lora_down.is_contiguous() or lora_down.get_device() != dev:
+            return None
+        rank = lora_down.shape[1]
+        if rank < 1 or rank % 16:
+            return None
+        pd = lora_down.data_ptr()
+    if dev < 0 or (px | ps | pd) & (PTR_ALIGN - 1):
+        return None
+    device = x.device
+    act = empty((m, k // 2), dtype=u8, device=device)
+    scales = empty(scale_shape(layout, m, k), dtype=f8, device=device)
+    lora = empty((m, rank), dtype=dt, device=device) if rank else None
+    args = [px, ps, pd, act.data_ptr(), scales.data_ptr(), lora.data_ptr() if rank else 0, m, k,
+            int(smooth is not None), 0]
+    return (name, rank, layout), (("m", m), ("k", k)), (act, scales, lora), args

@@ -1,0 +1,167 @@
+"""What an operator is, declared once: the `OpSpec` record and the facts every op shares.
+
+An operator (``gemm_w4a4``, ``quantize_act``) is a public function of the
+loader.  Its spec says, in one place:
+
+* ``host_args``: the host function every kernel family of the op must take,
+  in order, with its ABI kind (``ptr``: a device pointer or 0, ``i32``: a
+  32-bit integer, ``stream``: the CUDA stream);
+* ``features``: the knobs a call must match exactly (the selection key's
+  exact part), with the config key they are enumerated from and the values
+  allowed;
+* ``dims``: the problem's integer sizes (``m``, ``n``, ``k`` ...), and
+  ``shape_problem``: *the* divisibility rule, fed by the requirements a
+  family records per variant; build-time coverage and run-time selection
+  both call it;
+* ``coverage``: which problems a config asks the build to serve.
+
+This module is pure Python (no torch, no CUDA, no DSL): the builder and the
+loader both import it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+#: Byte alignment every pointer handed to any kernel must have (the one home of this rule).
+PTR_ALIGN = 16
+#: ABI kinds a host argument may have.
+ARG_KINDS = ("ptr", "i32", "stream")
+#: Scalar knob value types a manifest may hold.
+KNOB_TYPES = (bool, int, str)
+
+
+@dataclass(frozen=True)
+class Feature:
+    """A knob a call must match exactly.
+
+    ``source`` names where enumeration takes its values: a top-level config
+    key (``"out_dtypes"``, ``"ranks"``, ``"wcscale"``, ``"bias"``), or
+    ``"arch"`` for a value fixed by the target arch (see ``by_arch``).
+    """
+    name: str
+    source: str
+    values: tuple = ()                          # allowed values (empty: any the validator accepts)
+    by_arch: Mapping[str, Any] | None = None    # source == "arch": arch -> value
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    summary: str
+    host_args: tuple[tuple[str, str], ...]
+    features: tuple[Feature, ...]
+    dims: tuple[str, ...]
+    #: (requirements, dims) -> None or the rule the problem breaks ("N=96 is not a multiple of 128")
+    shape_rule: Callable[[Mapping[str, int], Mapping[str, int]], str | None]
+    #: names of the requirement integers a variant of this op must record
+    requirement_keys: tuple[str, ...]
+    #: (config) -> [(problem label, config key path, dims dict)] the build must serve
+    coverage_problems: Callable[[Any], list[tuple[str, str, dict]]]
+    #: values for the i32 host args that are not problem dims, used for sample launches (build-time
+    #: recipe checks, load-time cross-checks), e.g. {"sm_count": 132}
+    sample_scalars: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        names = [a for a, _ in self.host_args]
+        if len(set(names)) != len(names):
+            raise ValueError(f"op {self.name}: duplicate host argument names {names}")
+        for a, kind in self.host_args:
+            if kind not in ARG_KINDS:
+                raise ValueError(f"op {self.name}: host argument {a!r} has kind {kind!r}; allowed {ARG_KINDS}")
+
+    @property
+    def arg_names(self) -> tuple[str, ...]:
+        return tuple(a for a, _ in self.host_args)
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.features)
+
+    def feature(self, name: str) -> Feature:
+        for f in self.features:
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+    def feature_key(self, knobs: Mapping[str, Any]) -> tuple:
+        """The exact-match part of a variant's selection key, in feature order."""
+        return tuple(knobs[f] for f in self.feature_names)
+
+    def name_for(self, arch: str, knobs: Mapping[str, Any], requirements: Mapping[str, int]) -> str:
+        """The variant name (= kernel symbol prefix) of `knobs` and `requirements` on `arch`.
+
+        Features fixed by the arch (``source == "arch"``) are not spelled out;
+        the requirements (what selection reads) are, after ``req``:
+        ``..._stages2_reqn128k64``.  So the cubin's symbol table binds every
+        fact selection uses to the bytes.
+        """
+        fixed = {f.name for f in self.features if f.source == "arch"}
+        base = variant_name(self.name, arch, {k: v for k, v in knobs.items() if k not in fixed})
+        req = "".join(f"{k.split('_')[0]}{int(requirements[k])}" for k in self.requirement_keys)
+        return f"{base}_req{req}"
+
+    def sample_args(self, requirements: Mapping[str, int], *, m: int = 77) -> list[int]:
+        """A valid argument list for a sample launch: distinct aligned non-null pointers, stream 0.
+
+        Dims come from the requirements (``<dim>_multiple``, M defaults to `m`).
+        """
+        out = []
+        for i, (a, kind) in enumerate(self.host_args):
+            if kind == "ptr":
+                out.append(0x7A00_0000_0000 + 0x100_0000 * (i + 1))
+            elif kind == "stream":
+                out.append(0)
+            elif a in self.dims:
+                out.append(m if a == "m" else int(requirements.get(f"{a}_multiple", 1)))
+            else:
+                out.append(int(self.sample_scalars.get(a, 1)))
+        return out
+
+    def shape_problem(self, requirements: Mapping[str, int], dims: Mapping[str, int]) -> str | None:
+        return self.shape_rule(requirements, dims)
+
+    def check_feature_values(self, knobs: Mapping[str, Any], arch: str) -> list[str]:
+        """Problems with the feature knobs of a variant (type, allowed value, arch-fixed value)."""
+        out = []
+        for f in self.features:
+            if f.name not in knobs:
+                out.append(f"knob {f.name!r} missing (op {self.name} features: {list(self.feature_names)})")
+                continue
+            v = knobs[f.name]
+            if f.by_arch is not None:
+                want = f.by_arch.get(arch)
+                if want is None:
+                    out.append(f"op {self.name} has no {f.name} defined for arch {arch}")
+                elif v != want:
+                    out.append(f"{f.name} {v!r} is not what {arch} uses ({want!r})")
+            elif f.values and (v not in f.values or type(v) is not type(f.values[0])):
+                out.append(f"{f.name} {v!r} not allowed (allowed: {', '.join(map(repr, f.values))})")
+        return out
+
+
+def knob_token(value: Any) -> str:
+    """How a knob value is spelled in a variant name (bool -> 0/1)."""
+    if isinstance(value, bool):
+        return str(int(value))
+    return str(value)
+
+
+def variant_name(op: str, arch: str, knobs: Mapping[str, Any]) -> str:
+    """The one naming rule: ``svdq_<op>_<arch>_<knob><value>_...`` in knob order.
+
+    The name is also the kernel symbol prefix, so the cubin's own symbol
+    table binds every knob to the bytes (the loader checks it).  Knob names
+    lose their underscores (``tile_m=128`` -> ``tilem128``).
+    """
+    parts = [f"{k.replace('_', '')}{knob_token(v)}" for k, v in knobs.items()]
+    return f"svdq_{op}_{arch.replace('_', '')}_" + "_".join(parts)
+
+
+def plain_knobs(items: Iterable[tuple[str, Any]]) -> dict[str, Any]:
+    out = {}
+    for k, v in items:
+        if not isinstance(v, KNOB_TYPES):
+            raise TypeError(f"knob {k}={v!r}: knob values must be bool, int or str")
+        out[k] = v
+    return out

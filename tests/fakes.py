@@ -1,0 +1,119 @@
+"""Fake kernel families meeting the family contract (no DSL), and a fake registry to install them.
+
+`install_fake(monkeypatch)` replaces the registry seen by `svdq_aot.variants`
+and `svdq_aot.config` with one holding a fake ``gemm_w4a4`` family and a
+fake ``quantize_act`` family for sm_90a (and quantize_act for sm_100a).
+"""
+from __future__ import annotations
+
+import types
+from pathlib import Path
+
+from svdq_aot import config as C
+from svdq_aot import variants as V
+from svdq_aot.family import CompiledKernel, check_family
+
+
+def _axes_tiles_stages(arch, section):
+    problems = [f"{k}: unknown key (allowed: tiles, stages)" for k in section if k not in ("tiles", "stages")]
+    tiles = section.get("tiles", [[128, 128, 64]])
+    stages = section.get("stages", ["auto"])
+    return [dict(tile_m=t[0], tile_n=t[1], tile_k=t[2], stages=s) for t in tiles for s in stages], problems
+
+
+def make_gemm_family(**overrides) -> types.SimpleNamespace:
+    fam = types.SimpleNamespace(__name__="fake.gemm")
+    fam.OP = "gemm_w4a4"
+    fam.ARCHS = ("sm_90a",)
+    fam.NAME = "fake_gemm"
+    fam.TUNING = dict(tile_m=(64, 128), tile_n=(64, 128, 256), tile_k=(64, 128), stages=(1, 2, 3, 4))
+    fam.FEATURES = dict(out_dtype=("fp16", "bf16"), rank=(0, 16, 32, 48, 64, 128), wcscale=(False, True),
+                        bias=(False, True), scale_layout=("logical",))
+    fam.resource_calls = []
+
+    def resource_problem(knobs):
+        fam.resource_calls.append(dict(knobs))
+        if knobs["rank"] == 128 and knobs["tile_n"] == 256:
+            return f"SMEM budget exceeded: needs 240 KiB > 227 KiB at rank {knobs['rank']} with tile_n 256"
+        return None
+
+    def invalid_reason(arch, knobs):
+        bad = []
+        for table in (fam.FEATURES, fam.TUNING):
+            for k, allowed in table.items():
+                if knobs.get(k) not in allowed:
+                    bad.append(f"{k} {knobs.get(k)!r} not supported by fake_gemm "
+                               f"(supported: {', '.join(map(repr, allowed))})")
+        if bad:
+            return "; ".join(bad)
+        return fam.resource_problem(knobs)
+
+    def resolve(arch, knobs):
+        return dict(knobs, stages=2) if knobs["stages"] == "auto" else dict(knobs)
+
+    def compile(arch, knobs, name, dump_dir):
+        assert Path(dump_dir).is_dir()
+        return CompiledKernel(cubin=b"\x7fELF-fake-" + name.encode(), compiled=name, entry=f"host_{name}",
+                              kernel_symbols=[f"{name}_0"], smem_bytes=1024 * knobs["stages"])
+
+    fam.resource_problem = resource_problem
+    fam.config_axes = _axes_tiles_stages
+    fam.resolve = resolve
+    fam.invalid_reason = invalid_reason
+    fam.requirements = lambda arch, knobs: {"n_multiple": knobs["tile_n"], "k_multiple": knobs["tile_k"]}
+    fam.compile = compile
+    for k, v in overrides.items():
+        setattr(fam, k, v)
+    return fam
+
+
+def make_quant_family(**overrides) -> types.SimpleNamespace:
+    fam = types.SimpleNamespace(__name__="fake.quant")
+    fam.OP = "quantize_act"
+    fam.ARCHS = ("sm_90a", "sm_100a", "sm_103a")
+    fam.NAME = "fake_quant"
+    fam.TUNING = dict(rows=(4, 8))
+
+    def config_axes(arch, section):
+        problems = [f"{k}: unknown key (allowed: rows)" for k in section if k != "rows"]
+        return [dict(rows=r) for r in section.get("rows", [8])], problems
+
+    def invalid_reason(arch, knobs):
+        if knobs["rank"] > 64:
+            return f"rank {knobs['rank']} needs {knobs['rank'] * 512} B of registers per row block, more than 32768"
+        return None
+
+    def compile(arch, knobs, name, dump_dir):
+        return CompiledKernel(cubin=b"\x7fELF-fake-" + name.encode(), compiled=name, entry=f"host_{name}",
+                              kernel_symbols=[f"{name}_0"], smem_bytes=0)
+
+    fam.config_axes = config_axes
+    fam.resolve = lambda arch, knobs: dict(knobs)
+    fam.invalid_reason = invalid_reason
+    fam.requirements = lambda arch, knobs: {"k_multiple": 64}
+    fam.compile = compile
+    for k, v in overrides.items():
+        setattr(fam, k, v)
+    return fam
+
+
+def make_fake_registry(gemm=None, quant=None) -> types.SimpleNamespace:
+    gemm = gemm or make_gemm_family()
+    quant = quant or make_quant_family()
+    fams = {("gemm_w4a4", "sm_90a"): gemm, ("quantize_act", "sm_90a"): quant, ("quantize_act", "sm_100a"): quant,
+            ("quantize_act", "sm_103a"): quant}
+
+    def family(op, arch):
+        fam = fams[(op, arch)]
+        check_family(fam, where=fam.__name__)
+        return fam
+
+    return types.SimpleNamespace(FAMILIES={k: f.__name__ for k, f in fams.items()}, family=family)
+
+
+def install_fake(monkeypatch, gemm=None, quant=None):
+    reg = make_fake_registry(gemm, quant)
+    monkeypatch.setattr(V, "_registry", lambda: reg)
+    monkeypatch.setattr(V, "_FAMILY_CACHE", {})
+    monkeypatch.setattr(C, "_registered", lambda: tuple(reg.FAMILIES))
+    return reg

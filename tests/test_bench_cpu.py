@@ -1,0 +1,279 @@
+"""CPU tests of `svdq-aot bench`: the torch baselines' math, the command line, the rendering, the no-GPU exit."""
+from __future__ import annotations
+
+import importlib
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from svdq_loader.testing import bench  # noqa: E402
+from svdq_loader.testing import reference as ref  # noqa: E402
+from svdq_loader.testing import torch_quant as tq  # noqa: E402
+
+
+def _codes(act):
+    return ref.unpack_nibbles(act.numpy())
+
+
+# ---------------------------------------------------------------------------
+# torch quantizer
+# ---------------------------------------------------------------------------
+
+def test_encode_e2m1_ties_and_saturation():
+    v = torch.tensor([0.0, 0.25, 0.26, 0.75, 1.25, 1.26, 1.75, 2.5, 2.51, 3.5, 5.0, 5.01, 6.0, 7.0, float("inf"),
+                      -0.0, -0.1, -0.75, -5.0, -100.0])
+    want = [0, 0, 1, 2, 2, 3, 4, 4, 5, 6, 6, 7, 7, 7, 7,
+            8, 8, 8 | 2, 8 | 6, 8 | 7]
+    assert tq.encode_e2m1(v).tolist() == want
+    # the same as the numpy reference's RNE on a dense grid
+    grid = torch.linspace(-7, 7, 2801, dtype=torch.float64)
+    assert tq.encode_e2m1(grid).numpy().tolist() == ref.encode_e2m1(grid.numpy()).tolist()
+
+
+def test_quantize_hand_example():
+    g0 = [6, 3, -1.5, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5, -6, 0, 0.3, -0.2, 4, 2]   # amax 6 -> scale 1
+    g1 = [6000] + [0] * 15                                                          # 1000 -> saturates to 448
+    g2 = [0] * 16                                                                   # all zero -> scale 0
+    g3 = [12, 1, -3] + [0] * 13                                                     # scale 2
+    x = torch.tensor([g0 + g1 + g2 + g3], dtype=torch.bfloat16)
+    act, sc, lora = tq.quantize_act(x)
+    assert lora is None
+    assert act.dtype == torch.uint8 and act.shape == (1, 32)
+    assert sc.dtype == torch.float8_e4m3fn and sc.shape == (1, 4)
+    assert sc.float().tolist() == [[1.0, 448.0, 0.0, 2.0]]
+    assert sc.view(torch.uint8).tolist() == [[0x38, 0x7E, 0x00, 0x40]]
+    want = ([7, 5, 8 | 3, 0, 2, 2, 4, 4, 6, 6, 8 | 7, 0, 1, 8, 6, 4]     # 0.3 (bf16 0.30078) -> 0.5; -0.2 -> -0
+            + [7] + [0] * 15 + [0] * 16 + [7, 1, 8 | 3] + [0] * 13)
+    assert _codes(act).tolist() == [want]
+    assert act[0, :2].tolist() == [7 | 5 << 4, (8 | 3) | 0 << 4]          # low nibble = even k
+
+
+def test_quantize_smooth_divides_first():
+    x = torch.tensor([[6.0, -3.0] + [0.0] * 14], dtype=torch.float16)
+    smooth = torch.full((16,), 2.0, dtype=torch.float16)
+    act, sc, _ = tq.quantize_act(x, smooth)
+    assert sc.float().tolist() == [[0.5]]
+    assert _codes(act)[0, :2].tolist() == [7, 8 | 5]
+
+
+def _smoothed(x, smooth):
+    """x̂ of quantize_ref's rule 1: x times the fp32 reciprocal of smooth, rounded to x's dtype."""
+    return (x.float() * (1.0 / smooth.float())).to(x.dtype)
+
+
+def test_quantize_matches_numpy_reference_and_lora():
+    g = torch.Generator().manual_seed(0)
+    m, k, r = 24, 256, 16
+    x = (torch.randn(m, k, generator=g) * 3).to(torch.bfloat16)
+    smooth = (torch.rand(k, generator=g) + 0.5).to(torch.bfloat16)
+    ld = (torch.randn(k, r, generator=g) / 16).to(torch.bfloat16)
+    act, sc, lora = tq.quantize_act(x, smooth, ld)
+    xh = _smoothed(x, smooth)
+    pa, ps = ref.quantize_nvfp4(xh.double().numpy())   # no tiny blocks here, so its zero guard never fires
+    assert np.array_equal(act.numpy(), pa)
+    assert np.array_equal(sc.view(torch.uint8).numpy(), ps)
+    want = xh.double() @ ld.double()
+    assert lora.dtype == torch.bfloat16 and lora.shape == (m, r)
+    assert torch.allclose(lora.double(), want, rtol=2**-7, atol=1e-3 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_quantize_matches_quantize_ref_bit_for_bit(dtype):
+    try:
+        qr = importlib.import_module("svdq_loader.testing.quantize_ref")
+    except ImportError:
+        pytest.skip("svdq_loader.testing.quantize_ref is not there yet")
+    fn = getattr(qr, "quantize_act_ref_torch", None)
+    if fn is None:
+        pytest.skip(f"quantize_ref has no quantize_act_ref_torch (has: {getattr(qr, '__all__', None)})")
+    g = torch.Generator().manual_seed(1)
+    m, k, r = 16, 512, 32
+    x = torch.randn(m, k, generator=g) * torch.exp2(torch.randint(-12, 8, (m, 1), generator=g).float())
+    x[0, :16] = 1e-4                                  # amax / 6 below half the smallest E4M3 subnormal: zero group
+    x[1, :16] = 0.0
+    x[1, 3] = -0.0
+    x[2, 16:32] = 5000.0                              # saturating scale
+    x[3, 32] = float("inf")                           # non-finite groups
+    x[3, 48] = float("nan")
+    x[4, 64:80] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0] * 2) * (1 - 2 * (torch.arange(16) % 2))
+    x = x.to(dtype)
+    smooth = (torch.rand(k, generator=g) * 3 + 0.25).to(dtype)
+    smooth[64:80] = 1.0
+    ld = (torch.randn(k, r, generator=g) / 8).to(dtype)
+    for sm in (None, smooth):
+        act, sc, lora = tq.quantize_act(x, sm, ld)
+        r_act, r_sc, r_lora = fn(x, sm, ld)
+        assert np.array_equal(act.numpy(), r_act.numpy()), f"codes differ (smooth={sm is not None})"
+        assert np.array_equal(sc.view(torch.uint8).numpy(), r_sc.numpy()), f"scales differ (smooth={sm is not None})"
+        b = sc.view(torch.uint8)
+        assert b[0, 0] == 0 and b[1, 0] == 0 and b[3, 2] == 0x7F and b[3, 3] == 0x7F   # the policies were hit
+        assert act[1, :8].tolist() == [0] * 8 and act[3, 16:24].tolist() == [0] * 8
+        rows = slice(4, m)                            # rows 0-3 hold non-finite or special groups
+        want, got = r_lora[rows].double(), lora[rows].double()
+        assert torch.allclose(got, want, rtol=2**-7, atol=1e-3 * want.abs().max().item())
+
+
+# ---------------------------------------------------------------------------
+# unfused W4A4 pipeline
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_dequantize_is_exact(dtype):
+    p = ref.random_problem(8, 16, 64, 0, seed=3, out_dtype=dtype)
+    tdt = torch.bfloat16 if dtype == "bf16" else torch.float16
+    got = tq.dequantize(p["act"], p["ascales"], tdt)
+    want = ref.dequantize_nvfp4(p["act"].numpy(), p["ascales"].view(torch.uint8).numpy())
+    assert got.dtype == tdt
+    assert np.array_equal(got.double().numpy(), want)
+
+
+@pytest.mark.parametrize("dtype,rank,affine", [("bf16", 16, True), ("fp16", 32, True), ("bf16", 0, False)])
+def test_unfused_matches_float64_formula(dtype, rank, affine):
+    p = ref.random_problem(12, 48, 128, rank, seed=7, out_dtype=dtype, wcscale=affine, bias=affine)
+    tdt = torch.bfloat16 if dtype == "bf16" else torch.float16
+    y = tq.w4a4_unfused(p["act"], p["ascales"], p["wgt"], p["wscales"], p["lora_act_in"], p["lora_up"],
+                        p["wcscale"], p["bias"], tdt)
+    want = ref.reference_from_torch(**p)
+    assert y.dtype == tdt and y.shape == (12, 48)
+    err = (y.double() - want).abs()
+    # a few roundings to the 16-bit dtype (matmul, *wcscale, +bias, +LoRA), each <= 2^-8 relative
+    assert err.max() <= 4 * 2**-8 * want.abs().max(), float(err.max())
+    assert (y.double() - want).norm() / want.norm() < 1e-2
+
+
+# ---------------------------------------------------------------------------
+# command line, rendering, exits
+# ---------------------------------------------------------------------------
+
+def test_help_lists_every_option(capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for opt in ("--artifacts", "--config", "--op", "--m", "--quant-m", "--rank", "--dtype", "--json", "--table",
+                "--plot", "--quick", "--baselines"):
+        assert opt in out
+    for name in bench.BASELINES:
+        assert name in out
+
+
+def test_argument_parsing():
+    a = bench.build_parser().parse_args([])
+    assert (a.artifacts, a.op, a.rank, a.dtype, a.m, a.baselines) == ("artifacts", "all", 32, ["bf16"], None,
+                                                                      list(bench.BASELINES))
+    a = bench.build_parser().parse_args(["--m", "16,4608", "--dtype", "bf16,fp16", "--baselines", "fp8,compile",
+                                         "--op", "quantize_act", "--quick"])
+    assert a.m == [16, 4608] and a.dtype == ["bf16", "fp16"] and a.baselines == ["fp8", "compile"] and a.quick
+    assert bench.build_parser().parse_args(["--baselines", "none"]).baselines == []
+    for bad in (["--dtype", "fp32"], ["--m", "16,x"], ["--m", "0"], ["--baselines", "cudnn"], ["--op", "conv"]):
+        with pytest.raises(SystemExit) as e:
+            bench.build_parser().parse_args(bad)
+        assert e.value.code == 2
+
+
+def test_shapes_from_config(tmp_path):
+    assert bench.load_shapes(None) == bench.FLUX_SHAPES
+    assert [(k, n) for _, k, n in bench.FLUX_SHAPES] == [(3072, 9216), (3072, 3072), (3072, 12288), (12288, 3072),
+                                                         (3072, 21504), (15360, 3072)]
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("name: t\nshapes:\n  a: {k: 256, n: 512}\n  b: {k: 1024, n: 128}\n")
+    assert bench.load_shapes(str(cfg)) == [("a", 256, 512), ("b", 1024, 128)]
+    assert bench.quick_shapes(bench.load_shapes(str(cfg))) == [("a", 256, 512), ("b", 1024, 128)]
+    assert bench.quick_shapes(bench.FLUX_SHAPES) == [("qkv", 3072, 9216), ("single_out", 15360, 3072)]
+    cfg.write_text("name: t\n")
+    with pytest.raises(ValueError, match="shapes"):
+        bench.load_shapes(str(cfg))
+
+
+def test_rotation_count_and_byte_model():
+    l2 = 60 << 20
+    assert bench.n_sets_for(200 << 20, l2) == 1
+    n = bench.n_sets_for(5 << 20, l2)
+    assert n * (5 << 20) > 2 * l2 and (n - 1) * (5 << 20) <= 2 * l2
+    assert bench.n_sets_for(1, l2) == bench.MAX_SETS
+    m, k, r = 4608, 3072, 32
+    assert bench.quant_bytes(m, k, r) == m * k * 2 + m * k // 2 + m * k // 16 + m * r * 2 + k * 2 + k * r * 2
+    assert bench.tflops(1000, 1000, 1000, 1e6) == pytest.approx(2e-3)
+
+
+def test_unsupported_classification():
+    class UnsupportedProblem(ValueError):
+        pass
+
+    class InvalidArgument(ValueError):
+        pass
+
+    assert bench.is_unsupported(UnsupportedProblem("x"))
+    assert bench.is_unsupported(InvalidArgument("x"))
+    assert not bench.is_unsupported(RuntimeError("x"))
+    try:
+        int("not a number")           # a ValueError from outside the loader is a real failure
+    except ValueError as exc:
+        assert not bench.is_unsupported(exc)
+
+
+def _synthetic_doc():
+    t = lambda us, **kw: dict(us=us, min_us=us * 0.9, max_us=us * 1.1, method="graph", sets=3,  # noqa: E731
+                              calls_per_sample=30, samples=20, **kw)
+    gemm = dict(op="gemm_w4a4", m=4608, k=3072, n=9216, rank=32, dtype="bf16",
+                check=dict(rel_err_vs_eager=2.5e-3, ok=True),
+                ours=t(1400.0, tflops=186.4),
+                baselines={"dense": t(370.0, tflops=705.3, speedup=370 / 1400),
+                           "fp8": t(215.0, tflops=1213.8, speedup=215 / 1400),
+                           "eager": t(2100.0, tflops=124.3, speedup=1.5),
+                           "compile": dict(error="BackendCompilerFailed: boom")})
+    quant = dict(op="quantize_act", m=4608, k=3072, rank=32, dtype="bf16", smooth=True,
+                 bytes=bench.quant_bytes(4608, 3072, 32), floor_us=11.9,
+                 check=dict(act_bytes_equal=1.0, scales_equal=1.0, lora_rel_err=1e-3),
+                 ours=t(20.0, gbps=2800.0, frac_copy=0.7),
+                 baselines={"eager": t(815.0, gbps=70.0, frac_copy=0.02, speedup=40.75),
+                            "compile": t(112.0, gbps=500.0, frac_copy=0.13, speedup=5.6)})
+    host = dict(op="gemm_w4a4", size="M=16 K=128 N=128", dtype="bf16", rank=32, us=9.5, min_us=9.1, gpu_us=3.0,
+                gpu_bound=False, ref_size="[16,128]x[128,128]",
+                refs={"torch.matmul": 5.0, "torch.matmul(out=)": 4.5}, ratio={"torch.matmul": 1.9,
+                                                                              "torch.matmul(out=)": 2.11})
+    return dict(schema="svdq-aot-bench/1", env=dict(gpu="NVIDIA H200", torch="2.11.0", loader="0.1.0"),
+                copy_bw=dict(gbps=4000.0), gemm=[gemm, dict(op="gemm_w4a4", m=16, k=100, n=9216, rank=32,
+                                                            dtype="bf16", skipped="UnsupportedProblem: K=100")],
+                quantize_act=[quant], host=[host])
+
+
+def test_render_tables_from_synthetic_results():
+    doc = _synthetic_doc()
+    text = bench.render_tables(doc)
+    assert "NVIDIA H200" in text
+    assert "| 4608 | 3072 | 9216 | 32 | bf16 | 1400.0 | 186.4 | 705.3 (0.26×) | 1213.8 (0.15×) | 124.3 (1.50×) | error |" \
+        in text
+    assert "cuBLAS bf16 TFLOP/s" in text
+    assert "| 4608 | 3072 | 32 | bf16 |" in text and "2800" in text and "70%" in text and "815.0 (40.75×)" in text
+    assert "4000 GB/s" in text
+    assert "torch.matmul [16,128]x[128,128] | 5.00 | 1.90×" in text
+    assert "skipped: UnsupportedProblem: K=100" in text
+    assert "compile: BackendCompilerFailed: boom" in text
+    assert json.loads(json.dumps(doc)) == doc                 # the document is plain JSON
+    assert bench.render_tables(dict(env={}, gemm=[], quantize_act=[], host=[])).startswith("## svdq-aot bench")
+
+
+def test_plot_from_synthetic_results(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "b.png"
+    assert bench.write_plot(_synthetic_doc(), str(path)) is None
+    assert path.stat().st_size > 1000
+
+
+def test_main_without_gpu_exits_2(tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    assert bench.main(["--artifacts", str(tmp_path), "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert "no CUDA GPU" in err and len(err.strip().splitlines()) == 1
+
+
+def test_main_without_artifacts_exits_2(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)   # reach the artifacts check on a CPU box
+    assert bench.main(["--artifacts", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err
+    assert "no artifacts" in err and len(err.strip().splitlines()) == 1

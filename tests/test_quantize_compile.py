@@ -1,0 +1,154 @@
+"""Cross-compile representative quantize_act variants on the CPU (needs the CuTe DSL, no GPU).
+
+Checks per variant: cubin ELF arch, kernel symbol prefix (and no 'cutlass'), registers <= 255, stack
+frame 0, PTX without approximate division or flush-to-zero, SASS (when cuobjdump + nvdisasm are
+available) without local-memory traffic and with HMMA exactly when R > 0.  Plus the family
+contract and the validity predicate.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+pytest.importorskip("cutlass")
+
+from svdq_aot.family import check_family  # noqa: E402
+from svdq_kernels import quantize_act as fam  # noqa: E402
+from svdq_loader.cubin_info import cubin_info  # noqa: E402
+from svdq_loader.ops import QUANTIZE_ACT, variant_name  # noqa: E402
+
+LAYOUT = {"sm_90a": "logical", "sm_100a": "blocked", "sm_103a": "blocked"}
+SM = {"sm_90a": 90, "sm_100a": 100, "sm_103a": 103}
+
+# (arch, dtype, rank): both dtypes, R in {0, 32}, every arch (and so both scale layouts)
+CASES = [
+    ("sm_90a", "bf16", 32),
+    ("sm_90a", "fp16", 0),
+    ("sm_100a", "bf16", 0),
+    ("sm_100a", "fp16", 32),
+    ("sm_103a", "bf16", 32),
+]
+
+
+def _knobs(arch, dtype, rank, **tune):
+    k = dict(dtype=dtype, rank=rank, scale_layout=LAYOUT[arch])
+    k.update(fam.resolve(arch, dict(tune)) if tune else fam.DEFAULT_TUNING)
+    return k
+
+
+def _elf_sm(info):
+    """SM number from the ELF flags: ABI v7 (sm_90) keeps it in the low byte, v8 (sm_100+) in bits 8-15."""
+    return (info.e_flags >> 8) & 0xFF if info.abi_version >= 8 else info.e_flags & 0xFF
+
+
+def _cuobjdump():
+    here = shutil.which("cuobjdump")
+    if here:
+        return here
+    try:
+        import nvidia
+        base = os.path.dirname(nvidia.__path__[0])
+    except Exception:
+        return None
+    for root, _, files in os.walk(os.path.join(base, "nvidia")):
+        if "cuobjdump" in files:
+            return os.path.join(root, "cuobjdump")
+    return None
+
+
+def _sass(cubin_path):
+    tool = _cuobjdump()
+    if tool is None:
+        return None
+    r = subprocess.run([tool, "--dump-sass", cubin_path], capture_output=True, text=True)
+    if r.returncode != 0 or "Function" not in r.stdout:      # e.g. nvdisasm missing
+        return None
+    return r.stdout
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    out = {}
+    for arch, dt, r in CASES:
+        knobs = _knobs(arch, dt, r)
+        name = variant_name("quantize_act", arch, knobs)
+        d = tmp_path_factory.mktemp(f"{arch}_{dt}_{r}")
+        ck = fam.compile(arch, knobs, name, str(d), keep_ptx=True)
+        path = d / "k.cubin"
+        path.write_bytes(ck.cubin)
+        out[(arch, dt, r)] = (name, ck, str(path))
+    return out
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{a}-{d}-r{r}" for a, d, r in CASES])
+def test_variant(compiled, case):
+    arch, dt, r = case
+    name, ck, path = compiled[case]
+    info = cubin_info(ck.cubin)
+    assert _elf_sm(info) == SM[arch], f"cubin e_flags {info.e_flags:#x} is not {arch}"
+    assert ck.kernel_symbols and all(s.startswith(name) and "cutlass" not in s.lower() for s in ck.kernel_symbols)
+    for sym, ru in ck.resource_usage.items():
+        assert ru["registers"] <= 255, f"{sym}: {ru['registers']} registers"
+        assert ru["stack_frame_bytes"] == 0, f"{sym}: stack frame {ru['stack_frame_bytes']} B (spills / local memory)"
+    k = info.kernels[ck.kernel_symbols[0]]
+    assert k.param_sizes == [8] * 6 + [4] * 3, k.params          # 6 pointers, m, k, use_smooth
+    assert ck.smem_bytes == fam.smem_bytes_for(_knobs(arch, dt, r))
+    ptx = ck.ptx
+    assert ptx and ".entry" in ptx
+    assert not re.search(r"\bdiv\.(approx|full)", ptx), "approximate division in the PTX"
+    assert not re.search(r"\.ftz\.f32|\.ftz\.f16|\.ftz\.bf16", ptx), "fp32/fp16 flush-to-zero in the PTX"
+    assert "rcp.approx.f32" not in ptx and "div.full" not in ptx
+    assert "cvt.rn.satfinite.e4m3x2.f32" in ptx and "max.NaN" in ptx
+    sass = _sass(path)
+    if sass is None:   # the test extra installs both tools; only an explicit opt-out may skip
+        if os.environ.get("SVDQ_ALLOW_NO_SASS") == "1":
+            pytest.skip("cuobjdump / nvdisasm not available: SASS checks skipped (SVDQ_ALLOW_NO_SASS=1)")
+        pytest.fail("cuobjdump / nvdisasm not found: install the test extra (nvidia-cuda-cuobjdump, "
+                    "nvidia-cuda-nvdisasm) or set SVDQ_ALLOW_NO_SASS=1")
+    assert not re.search(r"\b(STL|LDL)\b", sass), "local-memory traffic in the SASS"
+    assert ("HMMA" in sass) == (r > 0)
+    assert "LDG.E" in sass and "128" in sass
+
+
+def test_family_contract():
+    check_family(fam, where="svdq_kernels.quantize_act")
+    assert fam.OP == "quantize_act" and set(fam.ARCHS) == {"sm_90a", "sm_100a", "sm_103a"}
+    assert not set(fam.TUNING) & set(QUANTIZE_ACT.feature_names)
+    assert fam.requirements("sm_90a", _knobs("sm_90a", "bf16", 32)) == {"k_multiple": 64}
+    tunings, problems = fam.config_axes("sm_90a", {})
+    assert problems == [] and tunings == [dict(warps=4, mtiles=1)]
+    tunings, problems = fam.config_axes("sm_100a", {"warps": [4, 8], "mtiles": [1]})
+    assert problems == [] and len(tunings) == 2
+    _, problems = fam.config_axes("sm_90a", {"warps": [3], "tiles": [1]})
+    assert any("warps" in p for p in problems) and any("tiles" in p for p in problems)
+    for arch in fam.ARCHS:
+        for r in (0, 16, 32, 48, 64, 128):
+            for dt in ("bf16", "fp16"):
+                assert fam.invalid_reason(arch, _knobs(arch, dt, r)) is None, (arch, dt, r)
+    assert not QUANTIZE_ACT.check_feature_values(_knobs("sm_100a", "bf16", 32), "sm_100a")
+
+
+@pytest.mark.parametrize("arch, knobs, words", [
+    ("sm_80", None, "arch"),
+    ("sm_90a", dict(scale_layout="blocked"), "scale_layout"),
+    ("sm_100a", dict(scale_layout="logical"), "scale_layout"),
+    ("sm_90a", dict(rank=24), "rank"),
+    ("sm_90a", dict(dtype="fp32"), "dtype"),
+    ("sm_90a", dict(warps=16), "warps"),
+    ("sm_90a", dict(rank=128, warps=8), "SMEM"),
+    ("sm_90a", dict(extra=1), "unknown"),
+])
+def test_invalid_knobs_rejected_with_reason(arch, knobs, words):
+    base = _knobs("sm_90a", "bf16", 32)
+    if knobs:
+        base.update(knobs)
+    reason = fam.invalid_reason(arch, base)
+    assert reason and words in reason, reason
+    if words == "SMEM":
+        assert re.search(r"\d+ B", reason), "resource reasons give numbers"
+    with pytest.raises(ValueError):
+        fam.compile(arch, base, "svdq_quantize_act_bad", "/tmp/svdq_qa_bad")
