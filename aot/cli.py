@@ -19,8 +19,8 @@ from svdq_loader.verify import open_artifacts
 from . import __version__
 from .artifacts import BuildLocked
 from .build import BuildError, build as run_build
-from .config import ConfigError, check_sections, load_config
-from .variants import FamilyUnavailable, enumerate_variants
+from .config import ConfigError, load_config
+from .variants import FamilyUnavailable, check_sections, enumerate_variants
 
 _USER_ERRORS = (ConfigError, BuildError, BuildLocked, FamilyUnavailable, ArtifactError, OSError)
 

@@ -26,7 +26,7 @@ from the top-level keys (the op spec says which); `quantize_act` builds one
 variant per (out_dtype, rank) and its scale layout follows the arch.
 
 Validation happens in two steps: `load_config` checks the structure (no
-kernel family imported), `check_sections` asks each family about its own
+kernel family imported), `svdq_aot.variants.check_sections` asks each family about its own
 section (imports the DSL).  Which knob combinations can be built, and which
 shapes they cover, is decided later by the families and the op specs.
 
@@ -393,22 +393,3 @@ def _registered() -> tuple[tuple[str, str], ...]:
 
 def _known_archs() -> tuple[str, ...]:
     return tuple(dict.fromkeys(a for _, a in _registered()))
-
-
-def check_sections(config: Config) -> None:
-    """Ask each (op, arch) family about its config section; ConfigError with key paths on problems.
-
-    Imports the kernel families (and so the DSL).
-    """
-    from .variants import FamilyUnavailable, family_module
-    problems = []
-    for av in config.arch_variants:
-        for op, section in av.ops:
-            try:
-                fam = family_module(op, av.arch)
-            except FamilyUnavailable:
-                raise
-            _, probs = fam.config_axes(av.arch, dict(section))
-            problems += [f"{config.path}: variants.{av.arch}.{op}.{p}" for p in probs]
-    if problems:
-        raise ConfigError(problems)

@@ -64,8 +64,7 @@ from typing import Any
 # The external functions the interpreter knows how to answer: its own list.
 from svdq_loader.hostvm import EXTERNALS as SUPPORTED_EXTERNALS
 
-FORMAT = "svdq-host-ir"
-FORMAT_VERSION = 1
+from svdq_loader.hostvm import FORMAT, FORMAT_VERSION  # noqa: E402  (one home: the reader defines the format)
 
 LOAD_FUNCTION = "cuda_load_to_device"
 BINARY_GLOBAL = "kernels_binary"

@@ -139,3 +139,19 @@ def enumerate_variants(config: "Config") -> tuple[list[Variant], list[tuple[Vari
                     else:
                         rejected.append((v, reason))
     return valid, rejected
+
+
+def check_sections(config: "Config") -> None:
+    """Ask each (op, arch) family about its config section; ConfigError with key paths on problems.
+
+    Imports the kernel families (and so the DSL).
+    """
+    from .config import ConfigError
+    problems = []
+    for av in config.arch_variants:
+        for op, section in av.ops:
+            fam = family_module(op, av.arch)
+            _, probs = fam.config_axes(av.arch, dict(section))
+            problems += [f"{config.path}: variants.{av.arch}.{op}.{p}" for p in probs]
+    if problems:
+        raise ConfigError(problems)

@@ -168,9 +168,7 @@ class Library:
         if ordinal < 0:
             ordinal = _tensor_ordinal(x)
         arch = self._arch.get(ordinal) or self._device_arch(ordinal)
-        fast = None
-        if out_act is None and out_scales is None and out_lora is None:
-            fast = quant_op.fast_args(arch, x, smooth, lora_down)
+        fast = quant_op.fast_args(arch, x, smooth, lora_down, out_act, out_scales, out_lora)
         if fast is None:
             call = quant_op.plan_call(arch, x, smooth=smooth, lora_down=lora_down, out_act=out_act,
                                       out_scales=out_scales, out_lora=out_lora)

@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from fakes import install_fake
-from svdq_aot.config import ConfigError, check_sections, load_config
+from svdq_aot.config import ConfigError, load_config
+from svdq_aot.variants import check_sections
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -189,7 +189,8 @@ def _real_family_available() -> bool:
 @pytest.mark.skipif(not _real_family_available(), reason="the DSL or a kernel family is not installed")
 def test_real_registry_flux_enumerates():
     from svdq_aot.build import check_coverage
-    from svdq_aot.config import check_sections, load_config
+    from svdq_aot.config import load_config
+    from svdq_aot.variants import check_sections
     cfg = load_config(ROOT / "configs" / "flux.yaml")
     check_sections(cfg)
     valid, rejected = enumerate_variants(cfg)

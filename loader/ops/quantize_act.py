@@ -1,6 +1,6 @@
 """Operator ``quantize_act``: bf16/fp16 activations -> NVFP4 codes + E4M3 block scales (+ LoRA-down).
 
-    x̂            = x / smooth                      (smooth optional, [K])
+    x̂            = x · (1 / smooth), rounded to x's dtype (smooth optional, [K])
     act, ascales = NVFP4(x̂)                        (exact rules: svdq_loader.testing.quantize_ref)
     lora_act_in  = x̂ @ lora_down                   (lora_down optional, [K, R]; fp32 accumulation)
 
@@ -141,8 +141,8 @@ def _consts():
     return _fast_consts
 
 
-def fast_args(arch: str, x, smooth, lora_down):
-    """``(features, dims, outputs, args)`` for a call with no caller-given outputs when every rule holds.
+def fast_args(arch: str, x, smooth, lora_down, out_act=None, out_scales=None, out_lora=None):
+    """``(features, dims, outputs, args)`` when every rule of `plan_call` holds.
 
     None never means "invalid": the caller then runs `plan_call`, which
     raises the precise error (or accepts what this one-pass check leaves out).
@@ -176,10 +176,29 @@ def fast_args(arch: str, x, smooth, lora_down):
         pd = lora_down.data_ptr()
     if dev < 0 or (px | ps | pd) & (PTR_ALIGN - 1):
         return None
-    device = x.device
-    act = empty((m, k // 2), dtype=u8, device=device)
-    scales = empty(scale_shape(layout, m, k), dtype=f8, device=device)
-    lora = empty((m, rank), dtype=dt, device=device) if rank else None
-    args = [px, ps, pd, act.data_ptr(), scales.data_ptr(), lora.data_ptr() if rank else 0, m, k,
-            int(smooth is not None), 0]
-    return (name, rank, layout), (("m", m), ("k", k)), (act, scales, lora), args
+    s_shape = scale_shape(layout, m, k)
+    if out_act is None:
+        out_act = empty((m, k // 2), dtype=u8, device=x.device)
+    elif type(out_act) is not T or out_act.dtype is not u8 or out_act.shape != (m, k // 2) \
+            or not out_act.is_contiguous() or out_act.get_device() != dev:
+        return None
+    if out_scales is None:
+        out_scales = empty(s_shape, dtype=f8, device=x.device)
+    elif type(out_scales) is not T or out_scales.dtype is not f8 or out_scales.shape != s_shape \
+            or not out_scales.is_contiguous() or out_scales.get_device() != dev:
+        return None
+    pl = 0
+    if rank:
+        if out_lora is None:
+            out_lora = empty((m, rank), dtype=dt, device=x.device)
+        elif type(out_lora) is not T or out_lora.dtype is not dt or out_lora.shape != (m, rank) \
+                or not out_lora.is_contiguous() or out_lora.get_device() != dev:
+            return None
+        pl = out_lora.data_ptr()
+    elif out_lora is not None:
+        return None
+    pa, pc = out_act.data_ptr(), out_scales.data_ptr()
+    if (pa | pc | pl) & (PTR_ALIGN - 1):
+        return None
+    args = [px, ps, pd, pa, pc, pl, m, k, int(smooth is not None), 0]
+    return (name, rank, layout), (("m", m), ("k", k)), (out_act, out_scales, out_lora), args
