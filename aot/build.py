@@ -29,7 +29,7 @@ from svdq_loader.ops import op_spec
 
 from . import __version__
 from .artifacts import ArtifactDir, sha256_bytes
-from .config import Config, ConfigError, load_config
+from .config import Config, load_config
 from .variants import FamilyUnavailable, Variant, check_sections, enumerate_variants, feature_combinations
 
 ProgressFn = Callable[[str], Any]

@@ -47,7 +47,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
-from typing import Any, Optional
+from typing import Optional
 
 import cuda.bindings.driver as cuda
 

@@ -34,10 +34,8 @@ from typing import Callable, Sequence
 from . import driver
 from .hostvm import HostProgram, HostTrap, HostVMError
 from .launch_plan import CachedLaunch, LaunchPlanCache
-from .errors import LaunchRefused
-from .launch_recipe import LaunchRecipe
-
 from .errors import LaunchRefused  # the DSL's own host code flagged the launch as invalid
+from .launch_recipe import LaunchRecipe
 
 _GENERAL = object()  # cache value: this scalar tuple takes the general path
 

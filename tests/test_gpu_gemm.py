@@ -14,25 +14,10 @@ tolerance; `test_terms_matter` asserts that on the reference itself.
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 
-torch = pytest.importorskip("torch")
-
+from gpu_env import ART, SEED, torch  # noqa: F401  (skips this module without a GPU or artifacts)
 from svdq_loader.testing import reference as ref  # noqa: E402
-
-REQUIRE = os.environ.get("SVDQ_REQUIRE_GPU") == "1"
-ART = os.environ.get("SVDQ_ARTIFACTS", os.path.join(os.path.dirname(__file__), "..", "artifacts"))
-
-if not torch.cuda.is_available():
-    if REQUIRE:
-        raise RuntimeError("SVDQ_REQUIRE_GPU=1 but torch sees no CUDA device")
-    pytest.skip("no CUDA GPU here (GPU tests run on the H200 through the device tool)", allow_module_level=True)
-if not os.path.exists(os.path.join(ART, "manifest.json")):
-    if REQUIRE:
-        raise RuntimeError(f"SVDQ_REQUIRE_GPU=1 but no artifacts at {ART} (run svdq-aot build first)")
-    pytest.skip(f"no built artifacts at {ART}", allow_module_level=True)
 
 import svdq_loader  # noqa: E402
 
@@ -42,8 +27,6 @@ FLUX_KN = [(3072, 9216), (3072, 3072), (3072, 12288), (12288, 3072), (3072, 2150
 MS = [1, 77, 256, 1000, 4608]
 TOL = {"bf16": 1e-2, "fp16": 2e-3}
 TORCH_DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
-# Fresh inputs every run; the base seed is in every failure message (set SVDQ_SEED to replay).
-SEED = int(os.environ.get("SVDQ_SEED", int.from_bytes(os.urandom(3), "little")))
 
 
 @pytest.fixture(scope="module")

@@ -12,32 +12,16 @@ stay untouched.  The last tests run x -> quantize_act -> gemm_w4a4 against the f
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 
-torch = pytest.importorskip("torch")
-
+from gpu_env import ART, SEED, torch  # noqa: F401  (skips this module without a GPU or artifacts)
 from svdq_loader.testing import reference as ref  # noqa: E402
 from svdq_loader.testing.quantize_ref import quantize_act_ref_torch  # noqa: E402
-
-REQUIRE = os.environ.get("SVDQ_REQUIRE_GPU") == "1"
-ART = os.environ.get("SVDQ_ARTIFACTS", os.path.join(os.path.dirname(__file__), "..", "artifacts"))
-
-if not torch.cuda.is_available():
-    if REQUIRE:
-        raise RuntimeError("SVDQ_REQUIRE_GPU=1 but torch sees no CUDA device")
-    pytest.skip("no CUDA GPU here (GPU tests run on the H200 through the device tool)", allow_module_level=True)
-if not os.path.exists(os.path.join(ART, "manifest.json")):
-    if REQUIRE:
-        raise RuntimeError(f"SVDQ_REQUIRE_GPU=1 but no artifacts at {ART} (run svdq-aot build first)")
-    pytest.skip(f"no built artifacts at {ART}", allow_module_level=True)
 
 import svdq_loader  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-SEED = int(os.environ.get("SVDQ_SEED", int.from_bytes(os.urandom(3), "little")))
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
 LORA_TOL = {"bf16": 4e-3, "fp16": 1e-3}     # relative (norm) error of lora_act_in: output rounding only
 GUARD = 64
