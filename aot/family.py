@@ -67,6 +67,24 @@ class Family(Protocol):
     def compile(self, arch: str, knobs: dict, name: str, dump_dir: str) -> CompiledKernel: ...
 
 
+def knob_problems(family_name: str, knobs: dict, *tables: dict) -> str | None:
+    """The table part of a family's validity predicate: every knob present, of an allowed value and
+    type, and no unknown knob.  None if all hold, else every violation on one line."""
+    problems = []
+    for table in tables:
+        for key, allowed in table.items():
+            if key not in knobs:
+                problems.append(f"knob {key} missing")
+            elif knobs[key] not in allowed or type(knobs[key]) is not type(allowed[0]):
+                problems.append(f"{key} {knobs[key]!r} not supported by {family_name} "
+                                f"(supported: {', '.join(map(repr, allowed))})")
+    known = set().union(*(set(t) for t in tables))
+    extra = sorted(set(knobs) - known)
+    if extra:
+        problems.append(f"unknown knobs {extra}")
+    return "; ".join(problems) if problems else None
+
+
 class FamilyContractError(TypeError):
     """A kernel family does not meet the contract; the message says what is wrong."""
 

@@ -713,19 +713,10 @@ def invalid_reason(arch: str, knobs: dict) -> Optional[str]:
     """The one validity predicate of this family: None if buildable, else why (with numbers)."""
     if arch not in ARCHS:
         return f"arch {arch} is not built by {NAME} (builds {', '.join(ARCHS)})"
-    problems = []
-    for table in (FEATURE_VALUES, TUNING):
-        for key, allowed in table.items():
-            if key not in knobs:
-                problems.append(f"knob {key} missing")
-            elif knobs[key] not in allowed or type(knobs[key]) is not type(allowed[0]):
-                problems.append(f"{key} {knobs[key]!r} not supported by {NAME} "
-                                f"(supported: {', '.join(map(repr, allowed))})")
-    extra = sorted(set(knobs) - set(FEATURE_VALUES) - set(TUNING))
-    if extra:
-        problems.append(f"unknown knobs {extra}")
+    from svdq_aot.family import knob_problems
+    problems = knob_problems(NAME, knobs, FEATURE_VALUES, TUNING)
     if problems:
-        return "; ".join(problems)
+        return problems
     return _problem(_cfg_of(knobs), arch)
 
 
