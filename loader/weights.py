@@ -10,7 +10,7 @@ Math (fp32, on whatever device W is on):
   ``wcscale="none"`` uses 1 everywhere.  A per-tensor scale of the
   checkpoint (``tensor_scale``, for W = tensor_scale · W_stored) is folded
   in: ``wcscale[n] *= tensor_scale``.  The GEMM multiplies the product by
-  ``wcscale[n]`` (DESIGN of the operator: ``y = (A·Wᵀ)·wcscale + ...``).
+  ``wcscale[n]`` (the operator: ``y = (A·Wᵀ)·wcscale + ...``).
 * ``x = W / wcscale`` (W already divided by any tensor scale); per row and
   16-wide group: ``scale = e4m3(amax(|x|) / 6)`` (round to nearest even,
   saturating at 448), codes = E2M1 nearest of ``x / scale`` (ties to the

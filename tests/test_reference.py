@@ -142,7 +142,7 @@ def test_e2m1_encode():
 @needs_torch
 @pytest.mark.parametrize("dt", ["bf16", "fp16"])
 def test_e2m1_times_e4m3_exact_in_half(dt):
-    """DESIGN §2: every E2M1·E4M3 product is exact in fp16 and bf16."""
+    """docs/design.md section 3: every E2M1·E4M3 product is exact in fp16 and bf16."""
     tdt = torch.bfloat16 if dt == "bf16" else torch.float16
     b = np.arange(256, dtype=np.uint8)
     s = ref.decode_e4m3(b)

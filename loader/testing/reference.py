@@ -1,4 +1,4 @@
-"""Numerical reference for the SVDQuant W4A4 NVFP4 GEMM (DESIGN.md §2).
+"""Numerical reference for the SVDQuant W4A4 NVFP4 GEMM (docs/design.md, section 2).
 
     y[m, n] = (Σ_k A[m,k]·W[n,k])·wcscale[n] + bias[n] + Σ_r lora_act_in[m,r]·lora_up[n,r]
     A[m,k]  = e2m1(act[m, k//2] nibble) · e4m3(ascales[m, k//16])
@@ -332,7 +332,7 @@ def reference_gemm_w4a4(
     wcscale=None,
     bias=None,
 ) -> np.ndarray:
-    """float64 [M, N] reference of the W4A4 GEMM (DESIGN.md §2; LoRA outside wcscale).
+    """float64 [M, N] reference of the W4A4 GEMM (docs/design.md section 2; LoRA outside wcscale).
 
     act uint8 [M, K/2], wgt uint8 [N, K/2] (packed E2M1, low nibble = even k);
     ascales uint8 [M, K/16], wscales uint8 [N, K/16] (E4M3 bytes, logical

@@ -1,7 +1,7 @@
 """The two operators written in plain torch ops: the eager and `torch.compile` baselines of the bench.
 
     quantize_act(x, smooth, lora_down) -> (act, ascales, lora_act_in)
-    w4a4_unfused(act, ascales, wgt, wscales, ...) -> y      (DESIGN.md §2, dequantize + matmul + epilogue)
+    w4a4_unfused(act, ascales, wgt, wscales, ...) -> y      (docs/design.md section 2: dequantize + matmul + epilogue)
 
 Both run on any device (the CPU tests use them too) and only use ops that
 `torch.compile` lowers and CUDA graphs can capture (no host syncs).
