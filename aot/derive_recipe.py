@@ -32,7 +32,7 @@ from fractions import Fraction
 from math import gcd
 from typing import Callable, Sequence
 
-from svdq_loader.hostvm import HostProgram, HostTrap, HostVMError
+from svdq_loader.hostvm import HostProgram, HostReturned, HostTrap, HostVMError
 from svdq_loader.launch_recipe import (Block, LaunchRecipe, RecipeError, RecipeEvalError, Slot, eval_expr,
                                        format_expr)
 
@@ -310,11 +310,9 @@ def _derive(program, param_sizes, ptr_arg_indices, sample_args, n_samples, n_ver
         """(record or None if the host code refused these inputs)."""
         try:
             rec = program.launch(list(args), param_sizes, undef_byte=undef)
-        except HostTrap:
+        except (HostTrap, HostReturned):
             return None
         except HostVMError as e:
-            if "returned" in str(e):
-                return None
             raise _NoFit(f"the interpreter failed: {e}") from None
         return None if rec.printf.strip() else rec
 

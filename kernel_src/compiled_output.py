@@ -28,3 +28,33 @@ def cubin_resource_usage(cubin: bytes) -> dict[str, dict[str, int]]:
     """Registers and stack-frame bytes per kernel, from the cubin's .nv.info (a frame means spills)."""
     return {n: {"registers": k.regcount, "stack_frame_bytes": k.frame_size or 0}
             for n, k in cubin_info(cubin).kernels.items()}
+
+
+def compile_named(kernel_cls: Any, instance: Any, args: tuple, name: str, arch: str, dump_dir: str,
+                  *, keep_ptx: bool = False) -> tuple[Any, bytes, list[str]]:
+    """Trace and cross-compile `instance` (a `kernel_cls` object with ``kernel`` and ``__call__``) for `arch`.
+
+    The kernel symbol becomes ``<name>_0`` and the host function ``svdq_host_...``; neither may carry
+    "cutlass" (ptxas was seen to spill on such symbols).  Returns (compiled function, cubin, symbols).
+    """
+    import warnings
+
+    import cutlass.cute as cute
+
+    if "cutlass" in name.lower():
+        raise ValueError(f"kernel name {name!r} must not contain 'cutlass' (ptxas spills on such symbols)")
+    kernel_cls.kernel.set_name_prefix(name, remove_cutlass_symbol=True, keep_mangled_name=False)
+    host = name.replace("svdq_", "svdq_host_", 1) if name.startswith("svdq_") else "host_" + name
+    kernel_cls.__call__.set_name_prefix(host, remove_cutlass_symbol=True, keep_mangled_name=False)
+    os.makedirs(dump_dir, exist_ok=True)
+    options = f"--gpu-arch {arch} --keep-cubin --dump-dir {dump_dir}" + (" --keep-ptx" if keep_ptx else "")
+    with warnings.catch_warnings():
+        # epilogues deliberately unroll whole fragments; the DSL warns about slow tracing
+        warnings.filterwarnings("ignore", message="This static loop has")
+        compiled = cute.compile(instance, *args, options=options)
+    cubin = read_cubin(compiled, dump_dir, arch)
+    symbols = list(compiled.kernel_info)
+    for sym in symbols:
+        if "cutlass" in sym.lower() or not sym.startswith(name):
+            raise RuntimeError(f"unexpected kernel symbol {sym!r} (must start {name!r}, no 'cutlass')")
+    return compiled, cubin, symbols

@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import warnings
 from typing import Any, Optional
 
 import cuda.bindings.driver as cuda
@@ -75,7 +74,7 @@ from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.runtime import make_ptr
 
-from .compiled_output import cubin_resource_usage, read_cubin as _read_cubin
+from .compiled_output import compile_named, cubin_resource_usage
 
 __all__ = [
     "OP", "ARCHS", "NAME", "TUNING", "FEATURE_VALUES", "STEP_K",
@@ -732,13 +731,8 @@ def compile(arch: str, knobs: dict, name: str, dump_dir: str, *, keep_ptx: bool 
     reason = invalid_reason(arch, knobs)
     if reason:
         raise ValueError(f"cannot compile {name}: {reason}")
-    if "cutlass" in name.lower():
-        raise ValueError(f"kernel name {name!r} must not contain 'cutlass' (ptxas spills on such symbols)")
     cfg = _cfg_of(knobs)
     op = _QuantizeAct(cfg)
-    _QuantizeAct.kernel.set_name_prefix(name, remove_cutlass_symbol=True, keep_mangled_name=False)
-    host = name.replace("svdq_", "svdq_host_", 1) if name.startswith("svdq_") else "host_" + name
-    _QuantizeAct.__call__.set_name_prefix(host, remove_cutlass_symbol=True, keep_mangled_name=False)
     xt = _DT[cfg.dtype]
 
     def gptr(dtype):
@@ -746,18 +740,7 @@ def compile(arch: str, knobs: dict, name: str, dump_dir: str, *, keep_ptx: bool 
 
     args = (gptr(xt), gptr(xt), gptr(xt), gptr(Uint8), gptr(Uint8), gptr(xt),
             Int32(64), Int32(64), Int32(0), cuda.CUstream(0))
-    os.makedirs(dump_dir, exist_ok=True)
-    options = f"--gpu-arch {arch} --keep-cubin --dump-dir {dump_dir}"
-    if keep_ptx:
-        options += " --keep-ptx"
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="This static loop has")
-        compiled = cute.compile(op, *args, options=options)
-    cubin = _read_cubin(compiled, dump_dir, arch)
-    symbols = list(compiled.kernel_info)
-    for sym in symbols:
-        if "cutlass" in sym.lower() or not sym.startswith(name):
-            raise RuntimeError(f"unexpected kernel symbol {sym!r} (must start {name!r}, no 'cutlass')")
+    compiled, cubin, symbols = compile_named(_QuantizeAct, op, args, name, arch, dump_dir, keep_ptx=keep_ptx)
     ck = CompiledKernel(cubin=cubin, compiled=compiled, entry=compiled.function_name, kernel_symbols=symbols,
                         smem_bytes=op.smem_bytes, resource_usage=cubin_resource_usage(cubin))
     if keep_ptx:

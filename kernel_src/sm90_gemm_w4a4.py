@@ -45,8 +45,6 @@ wcscale/bias off) may be 0 -- they are never dereferenced.
 from __future__ import annotations
 
 import dataclasses
-import os
-import warnings
 from typing import Optional
 
 import cuda.bindings.driver as cuda
@@ -56,7 +54,7 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float16, Float32, Int32, Uint8
 from cutlass.cute.runtime import make_ptr
 
-from .compiled_output import cubin_resource_usage, read_cubin as _read_cubin
+from .compiled_output import compile_named, cubin_resource_usage
 
 __all__ = [
     "OP", "ARCHS", "NAME", "TUNING", "FEATURE_VALUES",
@@ -675,13 +673,6 @@ def compile(arch: str, knobs: dict, name: str, dump_dir: str, *, keep_ptx: bool 
         raise ValueError(f"cannot compile {name}: {reason}")
     cfg = _cfg_of(knobs)
     gemm = _Sm90W4A4(cfg)
-    if "cutlass" in name.lower():
-        raise ValueError(f"kernel name {name!r} must not contain 'cutlass' (ptxas spills on such symbols)")
-    # Kernel symbol: "<name>_0" -- our prefix, no DSL-mangled "cutlass_" part.
-    _Sm90W4A4.kernel.set_name_prefix(name, remove_cutlass_symbol=True, keep_mangled_name=False)
-    _Sm90W4A4.__call__.set_name_prefix(
-        name.replace("svdq_", "svdq_host_", 1), remove_cutlass_symbol=True, keep_mangled_name=False
-    )
     out_t = _OUT_DTYPES[cfg.out_dtype]
 
     def gptr(dtype):
@@ -695,20 +686,7 @@ def compile(arch: str, knobs: dict, name: str, dump_dir: str, *, keep_ptx: bool 
         Int32(1), Int32(1), Int32(1), Int32(1),  # m, n, k, sm_count (dynamic)
         cuda.CUstream(0),
     )
-    os.makedirs(dump_dir, exist_ok=True)
-    options = f"--gpu-arch {arch} --keep-cubin --dump-dir {dump_dir}"
-    if keep_ptx:
-        options += " --keep-ptx"
-    with warnings.catch_warnings():
-        # The epilogue deliberately unrolls over the whole accumulator
-        # fragment (128 elements at 128x128); the DSL warns about slow tracing.
-        warnings.filterwarnings("ignore", message="This static loop has")
-        compiled = cute.compile(gemm, *args, options=options)
-    cubin = _read_cubin(compiled, dump_dir, arch)
-    symbols = list(compiled.kernel_info)
-    for sym in symbols:
-        if "cutlass" in sym.lower() or not sym.startswith(name):
-            raise RuntimeError(f"unexpected kernel symbol {sym!r} (must start {name!r}, no 'cutlass')")
+    compiled, cubin, symbols = compile_named(_Sm90W4A4, gemm, args, name, arch, dump_dir, keep_ptx=keep_ptx)
     return CompiledKernel(
         cubin=cubin, compiled=compiled, entry=compiled.function_name, kernel_symbols=symbols,
         smem_bytes=gemm.smem_bytes, resource_usage=cubin_resource_usage(cubin),

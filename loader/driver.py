@@ -1,11 +1,12 @@
-"""The CUDA driver side of the loader, on `cuda.bindings.driver` alone.
+"""The CUDA driver side of the loader: `cuda.bindings.driver`, plus libcuda through ctypes on the hot path.
 
 - `device_arch(ordinal)`: the device's compute capability as an arch string.
 - `DeviceKernels`: one cubin loaded on one device as a context-independent
   `CUlibrary`, its kernels looked up, and the kernel attributes that the
   DSL's own `cuda_load_to_device` would have set, applied per device.
-- `launch_config` / `launch`: a `LaunchRecord` (grid, block, smem,
-  attributes, param bytes) as a `cuLaunchKernelEx` call on a given stream.
+- `raw_launch_config` / `raw_launch_kernel_ex` / `current_context`: a prebuilt
+  C `CUlaunchConfig`, libcuda's `cuLaunchKernelEx` and `cuCtxGetCurrent`
+  called through ctypes (cheaper per call than cuda.bindings objects).
 
 Nothing here imports the DSL, torch or a compiler.
 """
@@ -160,43 +161,12 @@ class DeviceKernels:
             self.library = None
 
 
-def launch_config(record) -> "cu.CUlaunchConfig":
-    """A `CUlaunchConfig` with the record's grid, block, dynamic smem and launch attributes.
-
-    The runtime's `cudaLaunchAttribute` {id, pad, 64-byte value union} has the
-    same layout as the driver's `CUlaunchAttribute`, so the value bytes the
-    host code wrote are copied verbatim.  The stream is set per launch.
-    """
-    cfg = cu.CUlaunchConfig()
-    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = (int(v) for v in record.grid)
-    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = (int(v) for v in record.block)
-    cfg.sharedMemBytes = int(record.smem)
-    attrs = []
-    for attr_id, value in record.attrs:
-        a = cu.CUlaunchAttribute()
-        a.id = cu.CUlaunchAttributeID(int(attr_id))
-        a.value.pad = bytes(value)
-        attrs.append(a)
-    cfg.attrs = attrs
-    cfg.numAttrs = len(attrs)
-    return cfg
-
-
 def param_array(params: Sequence[bytes]):
     """(address of a void*[] over copies of `params`, keep-alive object) for one-off launches."""
     bufs = [ctypes.create_string_buffer(bytes(p), max(len(p), 1)) for p in params]
     arr = (ctypes.c_void_p * max(len(bufs), 1))(*[ctypes.addressof(b) for b in bufs])
     return ctypes.addressof(arr), (arr, bufs)
 
-
-def launch(cfg, kernel, kernel_params_address: int, stream: int) -> None:
-    cfg.hStream = cu.CUstream(stream)
-    check(cu.cuLaunchKernelEx(cfg, kernel, kernel_params_address, 0), "cuLaunchKernelEx")
-
-
-# ---------------------------------------------------------------------------
-# Raw launches through ctypes (the per-call fast path of `launcher.Launcher`)
-# ---------------------------------------------------------------------------
 
 class CUlaunchAttributeRaw(ctypes.Structure):
     """The driver's `CUlaunchAttribute` (x86-64): id, 4 bytes padding, 64-byte value union."""

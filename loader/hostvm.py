@@ -64,6 +64,10 @@ class HostVMError(RuntimeError):
     """The host program is malformed, unsupported, or failed at run time."""
 
 
+class HostReturned(HostVMError):
+    """The host function returned a non-zero code (the DSL's refusal of these arguments)."""
+
+
 class HostTrap(HostVMError):
     """The host program hit ``llvm.intr.trap``/``unreachable`` (the DSL's error path).
 
@@ -750,8 +754,8 @@ class HostProgram:
         rc_s = _signed(rc, self.entry.ret_type.width) if (rc is not None and self.entry.ret_type is not None and self.entry.ret_type.kind == "int") else rc
         if rc_s not in (None, 0):
             if st.launches:
-                raise HostVMError(f"host function returned {rc_s} after launching")
-            raise HostVMError(f"host function returned {rc_s} without launching" + (f"; printf: {st.text()}" if st.printf_out else ""))
+                raise HostReturned(f"host function returned {rc_s} after launching")
+            raise HostReturned(f"host function returned {rc_s} without launching" + (f"; printf: {st.text()}" if st.printf_out else ""))
         return st.launches
 
     def launch(self, args: Sequence, param_sizes: dict[str, list[int]] | None = None, *, undef_byte: int = 0) -> LaunchRecord:

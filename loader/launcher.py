@@ -32,7 +32,7 @@ from operator import and_, itemgetter
 from typing import Callable, Sequence
 
 from . import driver
-from .hostvm import HostProgram, HostTrap, HostVMError
+from .hostvm import HostProgram, HostReturned, HostTrap, HostVMError
 from .launch_plan import CachedLaunch, LaunchPlanCache
 from .errors import LaunchRefused  # the DSL's own host code flagged the launch as invalid
 from .launch_recipe import LaunchRecipe
@@ -61,8 +61,10 @@ class Launcher:
 
     def __init__(self, name: str, kernels: dict, program: HostProgram, recipe: LaunchRecipe | None,
                  ptr_arg_indices: Sequence[int], param_sizes: dict[str, list[int]],
-                 *, launch_fn: Callable[[int, int, int, int | None], int] | None = None, max_entries: int = 4096):
+                 *, launch_fn: Callable[[int, int, int, int | None], int] | None = None, max_entries: int = 4096,
+                 device=None):
         self.name = name
+        self.device = device  # the DeviceKernels it launches from (the library switches contexts with it)
         self.kernels = {sym: int(h) for sym, h in kernels.items()}
         self.program = program
         self.recipe = recipe
@@ -91,9 +93,7 @@ class Launcher:
         e = vv.entry
         ptr_idx = [i for i, (_, kind) in enumerate(e.host_args) if kind in ("ptr", "stream")]
         sizes = {sym: [p.size for p in params] for sym, params in e.params.items()}
-        ln = cls(e.name, dk.kernels, vv.program, vv.recipe, ptr_idx, sizes)
-        ln.device = dk
-        return ln
+        return cls(e.name, dk.kernels, vv.program, vv.recipe, ptr_idx, sizes, device=dk)
 
     # -- hot path ------------------------------------------------------------
     def launch(self, args: Sequence[int]) -> None:
@@ -144,12 +144,8 @@ class Launcher:
         with self._lock:
             try:
                 rec = self.plan.get(args)
-            except HostTrap as ex:
+            except (HostTrap, HostReturned) as ex:
                 raise LaunchRefused(f"host code of {self.name} refused this launch: {ex}") from ex
-            except HostVMError as ex:
-                if "returned" in str(ex):  # the host function returned an error code
-                    raise LaunchRefused(f"host code of {self.name} refused this launch: {ex}") from ex
-                raise
             if rec.printf:  # the DSL's host code reports a launch it knows will fail (e.g. SMEM over the limit)
                 raise LaunchRefused(f"host code of {self.name} refused this launch: {rec.printf.strip()}")
             keep = None

@@ -109,15 +109,13 @@ class Library:
     warmup = preload
 
     def _resolve(self, op: str, ordinal: int, features: tuple, dims: tuple, capturing: bool) -> Launcher:
-        key = (op, ordinal, features, dims)
-        ln = self._choice.get(key)
-        if ln is None:
-            arch = self._device_arch(ordinal)
-            entry = select.choose(self.variants, select.Problem(op, arch, features, dims))
-            ln = self._launcher(entry.name, ordinal, capturing)
-            if len(self._choice) > 65536:
-                self._choice.clear()
-            self._choice[key] = ln
+        """A (problem, device) the call cache has not seen: select, load if needed, remember."""
+        arch = self._device_arch(ordinal)
+        entry = select.choose(self.variants, select.Problem(op, arch, features, dims))
+        ln = self._launcher(entry.name, ordinal, capturing)
+        if len(self._choice) > 65536:
+            self._choice.clear()
+        self._choice[(op, ordinal, features, dims)] = ln
         return ln
 
     # -- operators ---------------------------------------------------------
@@ -151,12 +149,9 @@ class Library:
 
     def _gemm_checked(self, arch, act, wgt, ascales, wscales, lora_act_in, lora_up, wcscale, bias, out, out_dtype):
         """The detailed path: every rule checked with its own message (raises InvalidArgument)."""
-        if isinstance(wgt, gemm_op.PreparedWeight):
-            _weight_form_error(wgt, wscales, lora_up, wcscale, bias)
-            weight = wgt
-        else:
-            _weight_form_error(wgt, wscales, lora_up, wcscale, bias)
-            weight = gemm_op.prepare_weight(wgt, wscales, lora_up=lora_up, wcscale=wcscale, bias=bias)
+        _weight_form_error(wgt, wscales, lora_up, wcscale, bias)
+        weight = wgt if isinstance(wgt, gemm_op.PreparedWeight) else \
+            gemm_op.prepare_weight(wgt, wscales, lora_up=lora_up, wcscale=wcscale, bias=bias)
         call = gemm_op.plan_call(arch, act, weight, ascales, lora_act_in=lora_act_in, out=out, out_dtype=out_dtype)
         values = dict(call.pointers, m=call.m, n=call.n, k=call.k, sm_count=0, stream=0)
         return (call.features, (("m", call.m), ("n", call.n), ("k", call.k)), call.out,

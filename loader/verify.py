@@ -57,11 +57,12 @@ def _arch_sm(arch: str) -> int | None:
     return int(digits) if digits else None
 
 
-def _problems_with(v: VariantEntry, cubin: bytes, program: HostProgram) -> list[str]:
+def _fact_problems(v: VariantEntry, cubin: bytes, program: HostProgram) -> tuple[list[str], object | None]:
+    """(every disagreement between `v` and the bytes it describes, its parsed launch recipe or None)."""
     spec = OPS.get(v.op)
     if spec is None:
         return [f"op {v.op!r} is not known to this loader (svdq_loader {__version__} serves "
-                f"{', '.join(OPS)}); install the loader the artifacts were built for"]
+                f"{', '.join(OPS)}); install the loader the artifacts were built for"], None
     out: list[str] = []
     if tuple(v.host_args) != spec.host_args:
         out.append(f"host_args {[list(a) for a in v.host_args]} differ from op {v.op}'s "
@@ -77,7 +78,7 @@ def _problems_with(v: VariantEntry, cubin: bytes, program: HostProgram) -> list[
     try:
         info = cubin_info(cubin)
     except CubinFormatError as e:
-        return out + [f"{v.cubin}: not a readable cubin: {e}"]
+        return out + [f"{v.cubin}: not a readable cubin: {e}"], None
     sm = _arch_sm(v.arch)
     if info.sm != sm:
         out.append(f"{v.cubin}: the cubin is built for sm_{info.sm} but the manifest says {v.arch}")
@@ -101,42 +102,33 @@ def _problems_with(v: VariantEntry, cubin: bytes, program: HostProgram) -> list[
     if len(program.arg_types) != len(v.host_args):
         out.append(f"{v.host_program.file}: the host function takes {len(program.arg_types)} arguments, "
                    f"the manifest lists {len(v.host_args)}")
-        return out
+        return out, None
     if out:
-        return out
+        return out, None
     sizes = {s: [p.size for p in v.params[s]] for s in v.kernel_symbols}
     args = spec.sample_args(v.requirements)
     try:
         rec = program.launch(args, sizes)
     except HostVMError as e:
-        return [f"{v.host_program.file}: a sample launch of the host program failed: {e}"]
+        return [f"{v.host_program.file}: a sample launch of the host program failed: {e}"], None
     if rec.kernel not in v.kernel_symbols:
         out.append(f"{v.host_program.file}: launches kernel {rec.kernel!r}, not one of {list(v.kernel_symbols)}")
     if rec.smem != v.smem_bytes:
         out.append(f"smem_bytes is {v.smem_bytes} but the host program requests {rec.smem} bytes of "
                    f"dynamic shared memory")
-    return out
-
-
-def _parse_recipe(v: VariantEntry):
-    if v.launch_recipe is None:
-        return None
-    from .launch_recipe import LaunchRecipe
-    return LaunchRecipe.from_dict(v.launch_recipe, source=f"{v.name}.launch_recipe")
-
-
-def _recipe_problem(v: VariantEntry, program: HostProgram, recipe) -> str | None:
-    spec = OPS[v.op]
-    sizes = {s: [p.size for p in v.params[s]] for s in v.kernel_symbols}
-    args = spec.sample_args(v.requirements)
-    want = program.launch(args, sizes)
-    bound = recipe.bind([args[i] for i in recipe.scalar_args])
-    if bound is None:
-        return "its launch recipe does not cover a sample problem of its own requirements"
-    got = bound.record([args[i] for i in recipe.ptr_args])
-    if got != want:
-        return "its launch recipe does not reproduce the host program's launch for a sample problem"
-    return None
+    recipe = None
+    if not out and v.launch_recipe is not None:   # the stored recipe must reproduce this same sample launch
+        from .launch_recipe import LaunchRecipe
+        try:
+            recipe = LaunchRecipe.from_dict(v.launch_recipe, source=f"{v.name}.launch_recipe")
+        except ValueError as e:
+            return out + [f"malformed launch recipe: {e}"], None
+        bound = recipe.bind([args[i] for i in recipe.scalar_args])
+        if bound is None:
+            out.append("its launch recipe does not cover a sample problem of its own requirements")
+        elif bound.record([args[i] for i in recipe.ptr_args]) != rec:
+            out.append("its launch recipe does not reproduce the host program's launch for a sample problem")
+    return out, recipe
 
 
 def open_artifacts(directory: str | os.PathLike) -> Artifacts:
@@ -155,16 +147,7 @@ def open_artifacts(directory: str | os.PathLike) -> Artifacts:
             problems.append(f"{d / v.host_program.file}: corrupt host program of variant {v.name}: "
                             f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")
             continue
-        errs = _problems_with(v, files[v.cubin], program)
-        recipe = None
-        if not errs:
-            try:
-                recipe = _parse_recipe(v)
-                why = _recipe_problem(v, program, recipe) if recipe is not None else None
-            except (ValueError, HostVMError) as e:
-                why = f"malformed launch recipe: {e}"
-            if why:
-                errs.append(why)
+        errs, recipe = _fact_problems(v, files[v.cubin], program)
         problems += [f"{where}: {e}" for e in errs]
         out[v.name] = VerifiedVariant(v, files[v.cubin], program, recipe)
     if problems:

@@ -86,6 +86,9 @@ EDITS = {
     "cubin_mapping": (_swap_cubins, "has no kernel"),
     "host_args": (lambda d: _gemm(d)["host_args"].reverse(), "host_args"),
     "kernel_symbol": (lambda d: _other_symbol(_gemm(d)), "has no kernel"),
+    "recipe_garbage": (lambda d: _gemm(d).update(launch_recipe={"format": "nope"}), "malformed launch recipe"),
+    "recipe_block": (lambda d: _gemm(d)["launch_recipe"].update(block=[64, 1, 1]),
+                     "does not reproduce the host program's launch"),
 }
 
 
@@ -93,7 +96,7 @@ EDITS = {
 def no_cuda(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("a CUDA call was made while checking artifacts")
-    for name in ("init", "device_arch", "device_attribute", "DeviceKernels", "launch"):
+    for name in ("init", "device_arch", "device_attribute", "DeviceKernels", "raw_launch_kernel_ex"):
         monkeypatch.setattr(driver, name, boom)
 
 

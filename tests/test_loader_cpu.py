@@ -143,7 +143,7 @@ def test_loader_runs_without_the_dsl_or_torch(gemm_artifacts):
         from svdq_loader.testing import reference  # noqa: F401
         def no_cuda(*a, **k):
             raise SystemExit("a CUDA driver call was made")
-        driver.device_arch = driver.device_attribute = driver.DeviceKernels = driver.launch = no_cuda
+        driver.device_arch = driver.device_attribute = driver.DeviceKernels = driver.raw_launch_kernel_ex = no_cuda
         try:
             lib.prepare_weight(torch.zeros(256, 64, dtype=torch.uint8), torch.ones(256, 8).to(torch.float8_e4m3fn))
         except errors.InvalidArgument as e:
@@ -634,7 +634,7 @@ def test_preload_needs_a_cuda_device(gemm_artifacts, monkeypatch):
 def test_library_call_rules_before_any_device_call(gemm_artifacts, monkeypatch):
     import svdq_loader
     from svdq_loader import driver
-    for f in ("device_arch", "device_attribute", "DeviceKernels", "launch"):
+    for f in ("device_arch", "device_attribute", "DeviceKernels", "raw_launch_kernel_ex"):
         monkeypatch.setattr(driver, f, lambda *a, **k: pytest.fail("no driver call expected"))
     lib = svdq_loader.load(str(gemm_artifacts))
     a = _args()
