@@ -109,7 +109,7 @@ def select(directory: Path, op: str, m: int, n, k: int, rank: int, dtype: str, w
     try:
         lib = svdq_loader.load(directory)
         spec = op_spec(op)
-        dims = {d: v for d, v in (("m", m), ("n", n), ("k", k)) if d in spec.dims}
+        dims = {d: v for d, v in (("m", m), ("n", n), ("k", k)) if d in spec.dims and v is not None}
         ex = lib.explain(op, arch, dtype=dtype, rank=rank, wcscale=wcscale, bias=bias, **dims)
     except (*_USER_ERRORS, UnsupportedProblem, KeyError) as e:
         raise _fail(e) from None
