@@ -6,7 +6,8 @@ CUDA 12.8).  What a cubin needs from the driver is the larger of:
 * the first CUDA release whose driver runs that arch (`ARCH_MIN_CUDA`);
 * the CUDA major of the compiler that produced it: a driver of an older
   major does not load its cubins (the builder records the DSL's toolkit
-  major, `toolkit_floor`).
+  major, `toolkit_floor`);
+* what the loader calls while loading (`LOADER_MIN_CUDA`).
 
 The build writes the result per arch into the manifest
 (``requires.cuda_driver``); the loader compares it with
@@ -25,8 +26,10 @@ ARCH_MIN_CUDA = {
     "sm_120a": 12080,
     "sm_121a": 12090,
 }
+#: What the loader itself calls at load time: cuKernelGetParamInfo (the parameter cross-check) needs CUDA 12.4.
+LOADER_MIN_CUDA = 12040
 #: CUDA version -> the first Linux driver release that supports it (from NVIDIA's CUDA release notes).
-LINUX_DRIVER = {12000: "525.60.13", 12080: "570.26", 12090: "575.51.03", 13000: "580.65.06"}
+LINUX_DRIVER = {12000: "525.60.13", 12040: "550.54.14", 12080: "570.26", 12090: "575.51.03", 13000: "580.65.06"}
 
 
 class DriverTooOld(RuntimeError):
@@ -53,7 +56,7 @@ def toolkit_floor(toolkit_major: int) -> int:
 
 def required(arch: str, toolkit_major: int) -> int:
     """The CUDA version a driver must support to load `arch` cubins from a toolkit of `toolkit_major`."""
-    return max(ARCH_MIN_CUDA.get(arch, toolkit_floor(toolkit_major)), toolkit_floor(toolkit_major))
+    return max(ARCH_MIN_CUDA.get(arch, toolkit_floor(toolkit_major)), toolkit_floor(toolkit_major), LOADER_MIN_CUDA)
 
 
 def check(have: int, need: int, arch: str, where: str) -> None:

@@ -49,7 +49,6 @@ class Library:
         self._sms: dict[int, int] = {}            # device ordinal -> SM count
         self._choice: dict[tuple, Launcher] = {}  # (op, ordinal, features, dims) -> launcher
         self.rules = self.manifest.rules          # (op, arch, family) -> selection rule (select_rules)
-        self._driver_ok = False
         self._arg_order = {op: spec.arg_names for op, spec in OPS.items()}
 
     # -- introspection -----------------------------------------------------
