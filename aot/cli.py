@@ -111,7 +111,11 @@ def select(directory: Path, op: str, m: int, n, k: int, rank: int, dtype: str, w
         spec = op_spec(op)
         dims = {d: v for d, v in (("m", m), ("n", n), ("k", k)) if d in spec.dims and v is not None}
         ex = lib.explain(op, arch, dtype=dtype, rank=rank, wcscale=wcscale, bias=bias, **dims)
-    except (*_USER_ERRORS, UnsupportedProblem, KeyError) as e:
+    except UnsupportedProblem as e:
+        ex = getattr(e, "explanation", None)
+        if ex is None:
+            raise _fail(e) from None
+    except (*_USER_ERRORS, KeyError) as e:
         raise _fail(e) from None
     click.echo(ex.to_json() if as_json else ex.text())
     if ex.chosen is None:

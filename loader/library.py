@@ -65,20 +65,23 @@ class Library:
 
         `arch` defaults to the one arch the artifacts build `op` for.  Without `features`, the keywords
         ``dtype``, ``rank``, ``wcscale``, ``bias`` name them (defaults bf16, 0, True, True).
+        When no variant fits it raises UnsupportedProblem, whose ``.explanation`` holds the same record.
         """
         arch = arch or self.default_arch(op)
         if features is None:
             p = select.problem_for(op, arch, **kw)
         else:
             p = select.Problem(op, arch, tuple(features), tuple(kw.items()))
-        return select.explain(self.variants, self.rules, p)
+        ex = select.explain(self.variants, self.rules, p)
+        if ex.chosen is None:
+            err = select.UnsupportedProblem(ex.error)
+            err.explanation = ex
+            raise err
+        return ex
 
     def choose(self, op: str, arch: str | None = None, features: tuple | None = None, **kw):
         """The VariantEntry selection picks (raises UnsupportedProblem with every reason)."""
-        ex = self.explain(op, arch, features, **kw)
-        if ex.chosen is None:
-            raise select.UnsupportedProblem(ex.error)
-        return ex.chosen
+        return self.explain(op, arch, features, **kw).chosen
 
     def default_arch(self, op: str) -> str:
         archs = sorted({v.arch for v in self.variants if v.op == op})
@@ -270,14 +273,24 @@ def _capturing() -> bool:
     return torch_module().cuda.is_current_stream_capturing()
 
 
+_raw_stream = None   # torch's current-stream getter, bound on first use (torch is optional at import)
+
+
 def _current_stream(ordinal: int) -> int:
     """The raw handle of torch's current stream on `ordinal` (the public call costs ~3 µs more)."""
+    fn = _raw_stream
+    if fn is None:
+        fn = _bind_raw_stream()
+    return fn(ordinal)
+
+
+def _bind_raw_stream():
+    global _raw_stream
     from .ops.checks import torch_module
     torch = torch_module()
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return raw(ordinal)
-    return torch.cuda.current_stream(ordinal).cuda_stream
+    _raw_stream = raw if raw is not None else (lambda ordinal: torch.cuda.current_stream(ordinal).cuda_stream)
+    return _raw_stream
 
 
 def load(path: str = "artifacts") -> Library:

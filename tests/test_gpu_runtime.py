@@ -196,7 +196,7 @@ def test_a_failing_launch_names_variant_and_driver_error_and_the_context_survive
 
     ln._fn = bad_block
     try:
-        with pytest.raises(CudaError, match=rf"{name}: cuLaunchKernelEx\(\S+\) failed: CUDA_ERROR_INVALID_VALUE"):
+        with pytest.raises(CudaError, match=rf"{name}: cuLaunchKernelEx\(\S+\) failed: CUDA_ERROR_[A-Z_]+ \(\d+\)"):
             eager(lib, x, layer)
     finally:
         ln._fn = real

@@ -571,6 +571,9 @@ def test_select_on_the_built_artifacts(gemm_artifacts):
         lib.choose("gemm_w4a4", ARCH, ("bf16", 16, True, True, "logical"), m=77, n=256, k=256)
     with pytest.raises(UnsupportedProblem, match=r"the artifacts hold no quantize_act kernels"):
         lib.choose("quantize_act", ARCH, ("bf16", 32, "logical"), m=77, k=256)
+    with pytest.raises(UnsupportedProblem, match=r"N=200 is not a multiple of 128") as ei:
+        lib.explain("gemm_w4a4", m=77, n=200, k=256, rank=32)
+    assert ei.value.explanation.chosen is None and len(ei.value.explanation.rejected) == 2
 
 
 # ---------------------------------------------------------------- launch-time refusals (driver stubbed)

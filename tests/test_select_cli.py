@@ -40,3 +40,25 @@ def test_select_quantize_act_and_refusals(tiny_artifacts):
     assert r.exit_code == 1 and "missing n" in r.output and "Traceback" not in r.output
     r = _run(tiny_artifacts, "--op", "gemm_w4a4", "--m", 77, "--n", 256, "--k", 256, "--arch", "sm_100a")
     assert r.exit_code == 1 and "no gemm_w4a4 kernel built for this device's arch sm_100a" in r.output
+
+
+def test_select_runs_without_the_dsl(tiny_artifacts):
+    """A serving image has no DSL: the select command must not need it."""
+    import subprocess
+    import sys
+    import textwrap
+    code = textwrap.dedent(f"""
+        import sys, importlib.abc
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in ("cutlass", "svdq_kernels", "torch"):
+                    raise ImportError(name + " blocked by the test")
+        sys.meta_path.insert(0, Block())
+        sys.argv = ["svdq-aot", "select", {str(tiny_artifacts)!r}, "--op", "gemm_w4a4", "--m", "7", "--n", "512",
+                    "--k", "128", "--rank", "32", "--json"]
+        from svdq_aot.cli import main
+        main()
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout)["chosen"].startswith("svdq_gemm_w4a4_sm90a_outdtypebf16_rank32_")
