@@ -231,10 +231,10 @@ def test_no_device_allocation_per_call_besides_outputs(lib, layer):
 @pytest.mark.parametrize("streams", ["shared", "separate"])
 def test_threads_with_simultaneous_cache_misses(layer, streams):
     """8 threads on a fresh library start together (a barrier) on Ms no one has run: every first call of
-    every thread is a selection and load miss at once.  Bounded to about 10 s per mode."""
+    every thread is a selection and load miss at once.  Bounded to about 6 s per mode."""
     fresh = svdq_loader.load(ART)
     base = svdq_loader.load(ART)
-    nthreads, deadline = 8, time.monotonic() + 10
+    nthreads, deadline = 8, time.monotonic() + 6
     ms = {t: [1 + t, 77 + 13 * t, 1000 + 7 * t, 64 * (t + 1)] for t in range(nthreads)}
     xs = {m: _x(m, 70 + m) for t in ms for m in ms[t]}
     want = {m: eager(base, x, layer) for m, x in xs.items()}

@@ -40,20 +40,20 @@ grep -E "^(FAILED|ERROR)" "$OUT/gpu_runtime.log" | head -10
 
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
 if [ -n "$SAN" ]; then
-    step "memcheck, every variant" 65 memcheck.log "$SAN" --tool memcheck --report-api-errors no --error-exitcode 9 \
+    step "memcheck, every variant" 60 memcheck.log "$SAN" --tool memcheck --report-api-errors no --error-exitcode 9 \
         python3 tools/sanitize_variants.py "$ART" --m "${SVDQ_SAN_M:-1,77,1000,4592}"
-    step "racecheck, default variants" 30 racecheck.log "$SAN" --tool racecheck --error-exitcode 9 \
+    step "racecheck, default variants" 25 racecheck.log "$SAN" --tool racecheck --error-exitcode 9 \
         python3 tools/sanitize_variants.py "$ART" --default-only --m 77,1000
-    step "synccheck, default variants" 20 synccheck.log "$SAN" --tool synccheck --error-exitcode 9 \
+    step "synccheck, default variants" 15 synccheck.log "$SAN" --tool synccheck --error-exitcode 9 \
         python3 tools/sanitize_variants.py "$ART" --default-only --m 77,1000
     grep -hE "ERROR SUMMARY|Error SUMMARY|RACECHECK SUMMARY|hazard" "$OUT"/memcheck.log "$OUT"/racecheck.log \
         "$OUT"/synccheck.log 2>/dev/null | head -6
 else
     echo "compute-sanitizer: NOT FOUND on this machine (memcheck/racecheck/synccheck not run)" | tee -a "$OUT/summary.txt"
 fi
-step "10^5-call memory run" 40 long_run.log python3 tools/long_run.py "$ART" --calls "${SVDQ_LONG_CALLS:-100000}" \
+step "10^5-call memory run" 35 long_run.log python3 tools/long_run.py "$ART" --calls "${SVDQ_LONG_CALLS:-100000}" \
     --json "$OUT/long_run.json"
-step "fresh process + graph replay" 25 fresh_process.log python3 tools/fresh_process.py "$ART" --json "$OUT/fresh_process.json"
-step "host cost" 20 host_cost.log python3 tools/host_cost.py "$ART" --rounds 5
+step "fresh process + graph replay" 20 fresh_process.log python3 tools/fresh_process.py "$ART" --json "$OUT/fresh_process.json"
+step "host cost" 15 host_cost.log python3 tools/host_cost.py "$ART" --rounds 5
 echo "total $(( $(date +%s) - START ))s"
 cat "$OUT/summary.txt"
