@@ -25,7 +25,9 @@ from svdq_loader.manifest import (
     SCHEMA_VERSION, ConfigRef, Generator, HostProgram, Manifest, ManifestError, ParamInfo,
     RejectedEntry, Resources, Shape, VariantEntry,
 )
+from svdq_loader import cuda_versions
 from svdq_loader.ops import op_spec
+from svdq_loader.select_rules import Rule, RuleError, default_rule, parse_buckets
 
 from . import __version__
 from .artifacts import ArtifactDir, sha256_bytes
@@ -213,6 +215,36 @@ def check_coverage(config: Config, valid: list[Variant], rejected: list[tuple[Va
                      + "; ".join(parts) + more)
 
 
+def _toolkit_major() -> int:
+    """The CUDA major of the DSL's compiler (its libs package is per major: ...-libs-cu12 / -cu13)."""
+    for major in (13, 12):
+        try:
+            importlib.metadata.version(f"nvidia-cutlass-dsl-libs-cu{major}")
+            return major
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return 12
+
+
+def _selection(entries: list[VariantEntry], results: list[CompileResult]) -> tuple[Rule, ...]:
+    """One rule per (op, arch, family) built: the family's SELECTION, or the default (name order)."""
+    out: dict[tuple[str, str, str], Rule] = {}
+    for e, r in zip(entries, results):
+        key = (e.op, e.arch, e.family)
+        if key in out:
+            continue
+        fam = r.variant.family()
+        raw = getattr(fam, "SELECTION", None)
+        if raw is None:
+            out[key] = default_rule(*key)
+            continue
+        try:
+            out[key] = Rule(*key, parse_buckets(raw, f"{fam.__name__}.SELECTION", list(fam.TUNING)))
+        except RuleError as ex:
+            raise BuildError(str(ex)) from ex
+    return tuple(out.values())
+
+
 def _generator() -> Generator:
     try:
         dsl_version = importlib.metadata.version("nvidia-cutlass-dsl")
@@ -301,7 +333,10 @@ def build(config_path: str | Path, out_dir: str | Path, *, jobs: int = 1,
     results = _compile_all(valid, max(1, int(jobs)), progress)
 
     entries = [_entry(r) for r in results]
+    tk = _toolkit_major()
     manifest = Manifest(
+        selection=_selection(entries, results),
+        cuda_driver={a: cuda_versions.required(a, tk) for a in dict.fromkeys(e.arch for e in entries)},
         schema_version=SCHEMA_VERSION, generator=_generator(),
         config=ConfigRef(name=config.name, sha256=config.sha256, file=config.file_name),
         shapes=tuple(Shape(name=s.name, k=s.k, n=s.n) for s in config.shapes),

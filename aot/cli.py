@@ -1,4 +1,4 @@
-"""`svdq-aot` command line: build, variants, verify, bench.
+"""`svdq-aot` command line: build, variants, verify, select, bench.
 
 `bench` forwards its arguments to `svdq_loader.testing.bench` (which needs
 torch and a GPU, not the DSL); `svdq-aot bench --help` lists its options.
@@ -86,6 +86,40 @@ def verify(directory: Path) -> None:
                f"cross-checked "
                f"(config {m.config.name}, built by {g.package} {g.package_version} with {g.dsl} "
                f"{g.dsl_version}, python {g.python})")
+
+
+@main.command()
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--op", required=True, help="operator: gemm_w4a4 or quantize_act")
+@click.option("--m", "m", type=int, required=True, help="rows (tokens)")
+@click.option("--n", "n", type=int, default=None, help="output columns (gemm_w4a4)")
+@click.option("--k", "k", type=int, required=True, help="reduction size")
+@click.option("--rank", type=int, default=0, show_default=True, help="LoRA rank R (0: none)")
+@click.option("--dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "fp16"]))
+@click.option("--wcscale/--no-wcscale", default=True, show_default=True, help="gemm_w4a4: per-column scale")
+@click.option("--bias/--no-bias", default=True, show_default=True, help="gemm_w4a4: bias")
+@click.option("--arch", default=None, help="target arch (default: the one the artifacts build the op for)")
+@click.option("--json", "as_json", is_flag=True, help="print the explanation as JSON")
+def select(directory: Path, op: str, m: int, n, k: int, rank: int, dtype: str, wcscale: bool, bias: bool,
+           arch, as_json: bool) -> None:
+    """Which variant the loader picks for a problem, why, and why every other candidate is out (no GPU)."""
+    import svdq_loader
+    from svdq_loader.errors import UnsupportedProblem
+    from svdq_loader.ops import op_spec
+    try:
+        lib = svdq_loader.load(directory)
+        spec = op_spec(op)
+        dims = {d: v for d, v in (("m", m), ("n", n), ("k", k)) if d in spec.dims and v is not None}
+        ex = lib.explain(op, arch, dtype=dtype, rank=rank, wcscale=wcscale, bias=bias, **dims)
+    except UnsupportedProblem as e:
+        ex = getattr(e, "explanation", None)
+        if ex is None:
+            raise _fail(e) from None
+    except (*_USER_ERRORS, KeyError) as e:
+        raise _fail(e) from None
+    click.echo(ex.to_json() if as_json else ex.text())
+    if ex.chosen is None:
+        raise SystemExit(1)
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True,

@@ -30,6 +30,15 @@ registry keys it by ``(op, arch)``).  It is a module (or any object) with:
     trace and cross-compile; the kernel symbols must start with ``name``
     and the host function must take the op's ``host_args`` in order.
 
+Optional:
+
+``SELECTION: list[dict]``
+    how the loader ranks this family's variants that fit a problem, per M
+    bucket (``[{"m_max": 64, "priority": 0, "prefer": [{"knob": "tile_m",
+    "order": "asc"}]}, {"m_max": None, ...}]``; format in
+    ``svdq_loader.select_rules``).  Preferences name TUNING knobs.  The build
+    writes it into the manifest; without it the loader takes name order.
+
 `check_family` verifies all of it when a family is registered, and fails
 with a message naming what is missing.  Importing a family module imports
 the DSL: that only happens at build time.
@@ -40,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from svdq_loader.ops import OPS
+from svdq_loader.select_rules import RuleError, parse_buckets
 
 
 @dataclass
@@ -118,5 +128,10 @@ def check_family(fam: Any, *, where: str = "") -> None:
         for k, vals in fam.TUNING.items():
             if not isinstance(k, str) or not isinstance(vals, tuple) or not vals:
                 problems.append(f"TUNING[{k!r}] must be a non-empty tuple of allowed values")
+        if getattr(fam, "SELECTION", None) is not None:
+            try:
+                parse_buckets(fam.SELECTION, "SELECTION", list(fam.TUNING))
+            except RuleError as e:
+                problems.append(str(e))
     if problems:
         raise FamilyContractError(f"kernel family {who} breaks the family contract: " + "; ".join(problems))

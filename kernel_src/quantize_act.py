@@ -77,7 +77,7 @@ from cutlass.cute.runtime import make_ptr
 from .compiled_output import compile_named, cubin_resource_usage
 
 __all__ = [
-    "OP", "ARCHS", "NAME", "TUNING", "FEATURE_VALUES", "STEP_K",
+    "OP", "ARCHS", "NAME", "TUNING", "FEATURE_VALUES", "STEP_K", "SELECTION",
     "config_axes", "resolve", "invalid_reason", "requirements", "compile",
     "smem_bytes_for", "threads_for", "cubin_resource_usage",
 ]
@@ -92,6 +92,10 @@ TUNING: dict[str, tuple] = dict(
     mtiles=(1, 2),
 )
 DEFAULT_TUNING = dict(warps=4, mtiles=1)
+#: Loader ranking (svdq_loader.select_rules): the H200 sweep of docs/PERF.md found warps=4, mtiles=1
+#: fastest at every K and R measured (M = 4608), so fewer warps and m-tiles first, one bucket.
+SELECTION = [{"m_max": None, "priority": 0, "prefer": [{"knob": "mtiles", "order": "asc"},
+                                                       {"knob": "warps", "order": "asc"}]}]
 #: Feature-knob values this family builds (the op spec lists the knobs).
 FEATURE_VALUES: dict[str, tuple] = dict(
     dtype=("bf16", "fp16"),

@@ -59,7 +59,7 @@ from .compiled_output import compile_named, cubin_resource_usage
 __all__ = [
     "OP", "ARCHS", "NAME", "TUNING", "FEATURE_VALUES",
     "config_axes", "resolve", "invalid_reason", "requirements", "compile",
-    "DEFAULT_TILE", "DEFAULT_STAGES", "threads_for", "smem_bytes_for", "cubin_resource_usage",
+    "DEFAULT_TILE", "DEFAULT_STAGES", "SELECTION", "threads_for", "smem_bytes_for", "cubin_resource_usage",
     "SMEM_LIMIT_BYTES",
 ]
 
@@ -89,6 +89,17 @@ FEATURE_VALUES: dict[str, tuple] = dict(
 
 DEFAULT_TILE = (128, 128, 64)
 DEFAULT_STAGES = 2
+#: How the loader ranks this family's variants that fit a problem (written into the manifest; format in
+#: svdq_loader.select_rules).  Up to 64 rows a 64-row tile pads less; above, the larger tile reuses more.
+#: Not tuned: a rule of thumb until a measured table replaces it.
+SELECTION = [
+    {"m_max": 64, "priority": 0, "prefer": [
+        {"knob": "tile_m", "order": "asc"}, {"knob": "tile_n", "order": "desc"},
+        {"knob": "tile_k", "values": [64, 128, 32]}, {"knob": "stages", "order": "desc"}]},
+    {"m_max": None, "priority": 0, "prefer": [
+        {"knob": "tile_m", "order": "desc"}, {"knob": "tile_n", "order": "desc"},
+        {"knob": "tile_k", "values": [64, 128, 32]}, {"knob": "stages", "order": "desc"}]},
+]
 
 _MMA_SHAPE = (16, 8, 16)  # mma.sync.m16n8k16
 _SMEM_PAD = 8  # 16-bit elements of padding per SMEM row (16 bytes)

@@ -54,6 +54,17 @@ def init() -> None:
             _initialised = True
 
 
+_driver_version = None
+
+
+def driver_version() -> int:
+    """The CUDA version the installed driver supports (`cuDriverGetVersion`: 12080 = 12.8); cached."""
+    global _driver_version
+    if _driver_version is None:
+        _driver_version = int(check(cu.cuDriverGetVersion(), "cuDriverGetVersion"))
+    return _driver_version
+
+
 def device_count() -> int:
     init()
     return int(check(cu.cuDeviceGetCount(), "cuDeviceGetCount"))

@@ -1,6 +1,7 @@
 """The loader's exception types, in one place (importable without torch or CUDA)."""
 from __future__ import annotations
 
+from .cuda_versions import DriverTooOld  # noqa: F401  (re-exported)
 from .manifest import ArtifactError, ArtifactIntegrityError, ManifestError  # noqa: F401  (re-exported)
 
 
@@ -28,5 +29,9 @@ class TorchMissing(ImportError):
     """An operator was called but torch is not installed."""
 
 
+class NoCuda(DeviceMismatch):
+    """torch has no CUDA (a CPU-only build, or no GPU visible): kernels cannot be loaded or launched."""
+
+
 __all__ = ["InvalidArgument", "UnsupportedProblem", "DeviceMismatch", "LaunchRefused", "CaptureError",
-           "TorchMissing", "ArtifactError", "ArtifactIntegrityError", "ManifestError"]
+           "TorchMissing", "NoCuda", "DriverTooOld", "ArtifactError", "ArtifactIntegrityError", "ManifestError"]

@@ -19,8 +19,8 @@ from __future__ import annotations
 import os
 import threading
 
-from . import driver, select
-from .errors import CaptureError, DeviceMismatch, InvalidArgument
+from . import cuda_versions, driver, select
+from .errors import CaptureError, DeviceMismatch, InvalidArgument, NoCuda
 from .launcher import Launcher
 from .ops import OPS, gemm_w4a4 as gemm_op, quantize_act as quant_op
 from .verify import open_artifacts
@@ -48,6 +48,7 @@ class Library:
         self._arch: dict[int, str] = {}           # device ordinal -> arch
         self._sms: dict[int, int] = {}            # device ordinal -> SM count
         self._choice: dict[tuple, Launcher] = {}  # (op, ordinal, features, dims) -> launcher
+        self.rules = self.manifest.rules          # (op, arch, family) -> selection rule (select_rules)
         self._arg_order = {op: spec.arg_names for op, spec in OPS.items()}
 
     # -- introspection -----------------------------------------------------
@@ -55,18 +56,54 @@ class Library:
     def variants(self):
         return [v.entry for v in self._verified.values()]
 
-    def explain(self, op: str, arch: str, features: tuple, **dims):
-        """The variant `select` would choose for a problem (raises UnsupportedProblem with the reasons)."""
-        p = select.Problem(op, arch, tuple(features), tuple(dims.items()))
-        return select.choose(self.variants, p)
+    def explain(self, op: str, arch: str | None = None, features: tuple | None = None, **kw) -> select.Explanation:
+        """Why selection picks what it picks for a problem: `select.Explanation` (`.chosen`, `.why`,
+        `.rejected`, `.text()`, `.to_dict()`); no CUDA call.
+
+            lib.explain("gemm_w4a4", "sm_90a", m=4608, n=3072, k=12288, rank=32, dtype="bf16")
+            lib.explain("gemm_w4a4", "sm_90a", ("bf16", 32, True, True, "logical"), m=77, n=256, k=256)
+
+        `arch` defaults to the one arch the artifacts build `op` for.  Without `features`, the keywords
+        ``dtype``, ``rank``, ``wcscale``, ``bias`` name them (defaults bf16, 0, True, True).
+        When no variant fits it raises UnsupportedProblem, whose ``.explanation`` holds the same record.
+        """
+        arch = arch or self.default_arch(op)
+        if features is None:
+            p = select.problem_for(op, arch, **kw)
+        else:
+            p = select.Problem(op, arch, tuple(features), tuple(kw.items()))
+        ex = select.explain(self.variants, self.rules, p)
+        if ex.chosen is None:
+            err = select.UnsupportedProblem(ex.error)
+            err.explanation = ex
+            raise err
+        return ex
+
+    def choose(self, op: str, arch: str | None = None, features: tuple | None = None, **kw):
+        """The VariantEntry selection picks (raises UnsupportedProblem with every reason)."""
+        return self.explain(op, arch, features, **kw).chosen
+
+    def default_arch(self, op: str) -> str:
+        archs = sorted({v.arch for v in self.variants if v.op == op})
+        if len(archs) != 1:
+            raise select.UnsupportedProblem(
+                f"the artifacts build {op} for {archs or 'no arch'}; name the arch (one of them)")
+        return archs[0]
 
     # -- devices -----------------------------------------------------------
     def _device_arch(self, ordinal: int) -> str:
         arch = self._arch.get(ordinal)
         if arch is None:
-            arch = self._arch[ordinal] = driver.device_arch(ordinal)
+            arch = driver.device_arch(ordinal)
             self._sms[ordinal] = driver.device_attribute(_SM_COUNT, ordinal)
+            self._arch[ordinal] = arch    # last: a thread that sees the arch also sees the SM count
         return arch
+
+    def _check_driver(self, arch: str) -> None:
+        """Refuse (DriverTooOld) if the driver is older than what these artifacts need for `arch`."""
+        need = self.manifest.cuda_driver.get(arch) or cuda_versions.ARCH_MIN_CUDA.get(arch)
+        if need:
+            cuda_versions.check(driver.driver_version(), need, arch, self.path)
 
     def _launcher(self, name: str, ordinal: int, capturing: bool) -> Launcher:
         ln = self._launchers.get((name, ordinal))
@@ -83,6 +120,7 @@ class Library:
         if e.smem_bytes + static > optin:
             raise DeviceMismatch(f"variant {e.name} needs {e.smem_bytes + static} bytes of shared memory per "
                                  f"block ({e.smem_bytes} dynamic + {static} static); device {ordinal} allows {optin}")
+        self._check_driver(arch)
         if capturing:
             raise CaptureError(f"kernel {e.name} is not loaded on device {ordinal} yet and a CUDA graph is "
                                f"being captured; call lib.preload() (or run once) before capturing")
@@ -111,7 +149,7 @@ class Library:
     def _resolve(self, op: str, ordinal: int, features: tuple, dims: tuple, capturing: bool) -> Launcher:
         """A (problem, device) the call cache has not seen: select, load if needed, remember."""
         arch = self._device_arch(ordinal)
-        entry = select.choose(self.variants, select.Problem(op, arch, features, dims))
+        entry = select.choose(self.variants, select.Problem(op, arch, features, dims), self.rules)
         ln = self._launcher(entry.name, ordinal, capturing)
         if len(self._choice) > 65536:
             self._choice.clear()
@@ -219,8 +257,9 @@ def _ordinal(device) -> int:
     from .ops.checks import torch_module
     torch = torch_module()
     if not torch.cuda.is_available():
-        raise DeviceMismatch("torch sees no CUDA device (is this a CPU-only torch build, or no GPU?); "
-                             "kernels can only be loaded on a CUDA GPU")
+        build = "a CPU-only torch build" if torch.version.cuda is None else f"torch built for CUDA {torch.version.cuda}"
+        raise NoCuda(f"torch sees no CUDA device ({build}; torch.cuda.is_available() is False); kernels can only "
+                     f"be loaded on a CUDA GPU: install a CUDA build of torch and run where a GPU is visible")
     if device is None:
         return torch.cuda.current_device()
     if isinstance(device, int):
@@ -234,22 +273,24 @@ def _capturing() -> bool:
     return torch_module().cuda.is_current_stream_capturing()
 
 
+_raw_stream = None   # torch's current-stream getter, bound on first use (torch is optional at import)
+
+
 def _current_stream(ordinal: int) -> int:
     """The raw handle of torch's current stream on `ordinal` (the public call costs ~3 µs more)."""
-    return (_stream_getter or _bind_stream_getter())(ordinal)
+    fn = _raw_stream
+    if fn is None:
+        fn = _bind_raw_stream()
+    return fn(ordinal)
 
 
-_stream_getter = None
-
-
-def _bind_stream_getter():
-    """Resolve torch's raw current-stream accessor once (torch is imported on first use)."""
-    global _stream_getter
+def _bind_raw_stream():
+    global _raw_stream
     from .ops.checks import torch_module
     torch = torch_module()
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    _stream_getter = raw if raw is not None else (lambda o: torch.cuda.current_stream(o).cuda_stream)
-    return _stream_getter
+    _raw_stream = raw if raw is not None else (lambda ordinal: torch.cuda.current_stream(ordinal).cuda_stream)
+    return _raw_stream
 
 
 def load(path: str = "artifacts") -> Library:

@@ -10,9 +10,10 @@ so an edit of ``manifest.json`` itself is refused; `svdq_loader.artifacts`
 then checks every file's hash and cross-checks each variant's facts against
 the bytes they describe.
 
-Layout of ``manifest.json`` (schema_version 2)::
+Layout of ``manifest.json`` (schema_version 3; 2 is still read, without
+``selection`` and ``requires``)::
 
-    {"schema_version": 2,
+    {"schema_version": 3,
      "checksum": sha256 of the canonical JSON of everything else,
      "generator": {"package", "package_version", "dsl", "dsl_version", "python"},
      "config": {"name", "sha256", "file"},
@@ -24,7 +25,9 @@ Layout of ``manifest.json`` (schema_version 2)::
                    "host_args": [[name, kind]], "smem_bytes",
                    "resources": {symbol: {"registers", "stack_frame_bytes", "static_smem"}},
                    "launch_recipe": {...} | null}],
-     "rejected": [{"name", "reason"}]}
+     "rejected": [{"name", "reason"}],
+     "selection": [{"op", "arch", "family", "buckets": [...]}],   (svdq_loader.select_rules)
+     "requires": {"cuda_driver": {arch: CUDA version the driver must support, e.g. 12080 = 12.8}}}
 """
 from __future__ import annotations
 
@@ -37,10 +40,11 @@ from pathlib import Path
 from typing import Any, Iterable, NamedTuple
 
 from ._version import __version__ as LOADER_VERSION
+from .select_rules import Rule, RuleError, parse_rule
 
-SCHEMA_VERSION = 2
-#: Schema versions this reader understands.
-READABLE_SCHEMA_VERSIONS = (2,)
+SCHEMA_VERSION = 3
+#: Schema versions this reader understands (2: no selection rules, no driver requirement).
+READABLE_SCHEMA_VERSIONS = (2, 3)
 MANIFEST_NAME = "manifest.json"
 GENERATOR_PACKAGE = "svdq-aot"
 
@@ -153,6 +157,12 @@ class Manifest:
     rejected: tuple[RejectedEntry, ...] = ()
     schema_version: int = SCHEMA_VERSION
     source: str = field(default=MANIFEST_NAME, compare=False, repr=False)
+    selection: tuple[Rule, ...] = ()                       # schema 3: one rule per (op, arch, family) built
+    cuda_driver: dict[str, int] = field(default_factory=dict)  # schema 3: arch -> CUDA version needed (12080)
+
+    @property
+    def rules(self) -> dict[tuple[str, str, str], Rule]:
+        return {(r.op, r.arch, r.family): r for r in self.selection}
 
     # -- lookup -------------------------------------------------------------
     def variant(self, name: str) -> VariantEntry:
@@ -179,6 +189,9 @@ class Manifest:
             "shapes": [_plain(s) for s in self.shapes],
             "variants": [_variant_to_dict(v) for v in self.variants],
             "rejected": [_plain(r) for r in self.rejected],
+            **({} if self.schema_version < 3 else {
+                "selection": [r.to_dict() for r in self.selection],
+                "requires": {"cuda_driver": dict(self.cuda_driver)}}),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -338,8 +351,8 @@ def _parse_manifest(data: Any, source: str) -> Manifest:
             f"{source}: schema_version {sv!r}: these artifacts use manifest schema {sv!r} but this loader "
             f"(svdq_loader {LOADER_VERSION}) reads schema {readable}; rebuild the artifacts with "
             f"svdq-aot {LOADER_VERSION} (or install the loader that matches them)")
-    c.obj(data, "(top level)", ("schema_version", "checksum", "generator", "config", "shapes", "variants",
-                                "rejected"))
+    top = ("schema_version", "checksum", "generator", "config", "shapes", "variants", "rejected")
+    c.obj(data, "(top level)", top + (("selection", "requires") if sv >= 3 else ()))
     want = c.sha_(data, "checksum", "(top level)")
     got = body_checksum({k: v for k, v in data.items() if k != "checksum"})
     if got != want:
@@ -385,8 +398,43 @@ def _parse_manifest(data: Any, source: str) -> Manifest:
         r = c.obj(r, p, ("name", "reason"))
         rejected.append(RejectedEntry(name=c.str_(r, "name", p), reason=c.str_(r, "reason", p)))
 
+    selection, cuda_driver = (), {}
+    if sv >= 3:
+        selection = _parse_selection(c, data["selection"], variants)
+        req = c.obj(data["requires"], "requires", ("cuda_driver",))
+        drv = req["cuda_driver"]
+        if not isinstance(drv, dict):
+            raise c.fail("requires.cuda_driver", drv, "expected an object {arch: CUDA version, e.g. 12080}")
+        for arch in drv:
+            c.int_(drv, arch, "requires.cuda_driver", 1000)
+        cuda_driver = dict(drv)
     return Manifest(generator=gen, config=config, shapes=tuple(shapes), variants=tuple(variants),
-                    rejected=tuple(rejected), schema_version=sv, source=source)
+                    rejected=tuple(rejected), schema_version=sv, source=source, selection=selection,
+                    cuda_driver=cuda_driver)
+
+
+def _parse_selection(c: _Ctx, raw: Any, variants: list) -> tuple[Rule, ...]:
+    """The selection rules: well formed, one per (op, arch, family), each naming knobs its variants have."""
+    if not isinstance(raw, list):
+        raise c.fail("selection", raw, "expected a list of selection rules")
+    rules, seen = [], set()
+    for i, r in enumerate(raw):
+        try:
+            rule = parse_rule(r, f"selection[{i}]")
+        except RuleError as e:
+            raise ManifestError(f"{c.source}: {e}") from None
+        key = (rule.op, rule.arch, rule.family)
+        if key in seen:
+            raise c.fail(f"selection[{i}]", list(key), "a second rule for the same (op, arch, family)")
+        seen.add(key)
+        mine = [v for v in variants if (v.op, v.arch, v.family) == key]
+        for b in rule.buckets:
+            for pref in b.prefer:
+                lacking = [v.name for v in mine if pref.knob not in v.knobs]
+                if lacking:
+                    raise c.fail(f"selection[{i}]", pref.knob, f"ranks by a knob variant {lacking[0]} does not have")
+        rules.append(rule)
+    return tuple(rules)
 
 
 def _major(version: str) -> str:

@@ -1,18 +1,23 @@
-"""Which built variant serves a problem: one interface, per-(op, arch) heuristics.
+"""Which built variant serves a problem, and why: deterministic, explainable, by the manifest's rules.
 
-Pure Python, no CUDA.  `choose()` keeps the variants of the problem's op and
-arch, then those whose feature knobs equal the call's (the op spec's
-features), then those whose requirements pass the op's shape rule, and
-picks one with the (op, arch) heuristic.  Every refusal names the value and
-the rule.
+Pure Python, no CUDA.  `explain(variants, rules, problem)` walks every
+variant of the problem's op and says, for each one, why it is out (another
+arch; a feature knob differs; the op's shape rule fails; outranked), and
+which one is chosen under the selection rule of its (op, arch, family) and
+the M bucket the problem falls in (`select_rules`).  `choose` is the same
+walk returning the chosen entry, or raising `UnsupportedProblem` with the
+reasons.  The builder writes the rules into the manifest; the loader never
+ranks by anything else.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Sequence
+import json
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
 
 from .errors import UnsupportedProblem
 from .ops import op_spec
+from .select_rules import Rule, rule_for
 
 
 @dataclass(frozen=True)
@@ -27,50 +32,156 @@ class Problem:
         return dict(self.dims)
 
 
-def _gemm_sm90(p: Problem, v) -> tuple:
-    """Fewest padded rows in the last M tile, then fewest tiles, then the larger tile."""
-    d = p.dim
-    tm, tn = v.knobs["tile_m"], v.knobs["tile_n"]
-    tiles_m = -(-d["m"] // tm)
-    return (tiles_m * tm - d["m"] > tm // 2, tiles_m * (d["n"] // tn), -tm * tn)
+@dataclass
+class Explanation:
+    """The outcome of selection for one problem, with every reason."""
+    problem: Problem
+    chosen: object | None                       # the VariantEntry, or None
+    why: list[str] = field(default_factory=list)
+    rejected: list[tuple[str, str]] = field(default_factory=list)   # (variant name, reason)
+    error: str | None = None                    # the UnsupportedProblem message when nothing fits
 
+    def to_dict(self) -> dict:
+        spec = op_spec(self.problem.op)
+        return {"op": self.problem.op, "arch": self.problem.arch,
+                "features": dict(zip(spec.feature_names, self.problem.features)), "dims": self.problem.dim,
+                "chosen": getattr(self.chosen, "name", None), "why": list(self.why),
+                "rejected": [{"name": n, "reason": r} for n, r in self.rejected], "error": self.error}
 
-def _by_name(p: Problem, v) -> tuple:
-    return ()
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1)
 
-
-HEURISTICS: dict[tuple[str, str], Callable[[Problem, object], tuple]] = {
-    ("gemm_w4a4", "sm_90a"): _gemm_sm90,
-}
+    def text(self) -> str:
+        p = self.problem
+        spec = op_spec(p.op)
+        head = (f"{p.op} on {p.arch}, " + " ".join(f"{k.upper()}={v}" for k, v in p.dims) + ", "
+                + _features_text(spec, p.features))
+        lines = [head]
+        if self.chosen is not None:
+            lines.append(f"chosen: {self.chosen.name}")
+        else:
+            lines.append(f"no variant: {self.error}")
+        lines += [f"  why: {w}" for w in self.why]
+        lines.append(f"rejected ({len(self.rejected)}):")
+        lines += [f"  {n}: {r}" for n, r in self.rejected]
+        return "\n".join(lines)
 
 
 def _features_text(spec, feats) -> str:
     return ", ".join(f"{n}={v}" for n, v in zip(spec.feature_names, feats))
 
 
-def choose(variants: Sequence, p: Problem):
+def rank_key(rule: Rule, m: int, v) -> tuple:
+    """The sort key of variant `v` under `rule` for M = `m` (smaller is preferred)."""
+    _, b = rule.bucket(m)
+    return (b.priority, rule.family, tuple(p.key(v.knobs.get(p.knob)) for p in b.prefer), v.name)
+
+
+def _outranked(rules, p: Problem, v, best) -> str:
+    m = p.dim.get("m", 1)
+    rv = rule_for(rules, p.op, p.arch, getattr(v, "family", ""))
+    rb = rule_for(rules, p.op, p.arch, getattr(best, "family", ""))
+    lo, bv = rv.bucket(m)
+    _, bb = rb.bucket(m)
+    if (bv.priority, rv.family) != (bb.priority, rb.family):
+        return (f"outranked by {best.name}: family {rv.family} has priority {bv.priority} for {bv.text(lo)}, "
+                f"family {rb.family} has {bb.priority} (lower wins; then the family name)")
+    for pref in bv.prefer:
+        a, c = v.knobs.get(pref.knob), best.knobs.get(pref.knob)
+        if pref.key(a) != pref.key(c):
+            return f"outranked by {best.name}: {pref.knob}={a} vs {c} ({pref.text()} for {bv.text(lo)})"
+    return f"ranks equal to {best.name} under the rule for {bv.text(lo)}; the name breaks the tie"
+
+
+def explain(variants: Sequence, rules: Mapping[tuple[str, str, str], Rule], p: Problem) -> Explanation:
     spec = op_spec(p.op)
+    ex = Explanation(p, None)
     mine = [v for v in variants if v.op == p.op]
     if not mine:
-        raise UnsupportedProblem(f"the artifacts hold no {p.op} kernels; rebuild with {p.op} in the config")
-    on_arch = [v for v in mine if v.arch == p.arch]
+        ex.error = f"the artifacts hold no {p.op} kernels; rebuild with {p.op} in the config"
+        return ex
+    on_arch = []
+    for v in mine:
+        if v.arch != p.arch:
+            ex.rejected.append((v.name, f"built for {v.arch}, not {p.arch}"))
+        else:
+            on_arch.append(v)
     if not on_arch:
         built = sorted({v.arch for v in mine})
-        raise UnsupportedProblem(
-            f"no {p.op} kernel built for this device's arch {p.arch}; the artifacts hold {p.op} for {built}. "
-            f"Rebuild with '{p.arch}' in the config's archs.")
-    feats = [v for v in on_arch if spec.feature_key(v.knobs) == p.features]
+        ex.error = (f"no {p.op} kernel built for this device's arch {p.arch}; the artifacts hold {p.op} for "
+                    f"{built}. Rebuild with '{p.arch}' in the config's archs.")
+        return ex
+    feats = []
+    for v in on_arch:
+        have = spec.feature_key(v.knobs)
+        if have == p.features:
+            feats.append(v)
+            continue
+        diff = [f"{n}={h} (the call needs {w})" for n, h, w in zip(spec.feature_names, have, p.features) if h != w]
+        ex.rejected.append((v.name, "built for " + ", ".join(diff)))
     if not feats:
         have = sorted({_features_text(spec, spec.feature_key(v.knobs)) for v in on_arch})
-        raise UnsupportedProblem(
-            f"no {p.arch} {p.op} kernel for {_features_text(spec, p.features)}; built: {'; '.join(have)}")
+        ex.error = f"no {p.arch} {p.op} kernel for {_features_text(spec, p.features)}; built: {'; '.join(have)}"
+        return ex
     fits, reasons = [], []
     dims = p.dim
     for v in feats:
         why = spec.shape_problem(v.requirements, dims)
-        (reasons.append(f"{v.name}: {why}") if why else fits.append(v))
+        if why:
+            reasons.append(f"{v.name}: {why}")
+            ex.rejected.append((v.name, why))
+        else:
+            fits.append(v)
     if not fits:
         shown = " ".join(f"{k.upper()}={val}" for k, val in p.dims)
-        raise UnsupportedProblem(f"{p.op} shape {shown} is not supported by any built kernel: " + "; ".join(reasons))
-    key = HEURISTICS.get((p.op, p.arch), _by_name)
-    return min(fits, key=lambda v: (key(p, v), v.name))
+        ex.error = f"{p.op} shape {shown} is not supported by any built kernel: " + "; ".join(reasons)
+        return ex
+    m = dims.get("m", 1)
+    keyed = sorted(fits, key=lambda v: rank_key(rule_for(rules, p.op, p.arch, getattr(v, "family", "")), m, v))
+    best = keyed[0]
+    ex.chosen = best
+    rule = rule_for(rules, p.op, p.arch, getattr(best, "family", ""))
+    lo, b = rule.bucket(m)
+    ex.why.append(f"{len(fits)} of {len(mine)} {p.op} variant(s) fit the arch, the features and the shape rule")
+    prefs = "; ".join(x.text() for x in b.prefer) or "no preference (name order)"
+    ex.why.append(f"family {rule.family}: M={m} falls in the bucket {b.text(lo)}, priority {b.priority}, "
+                  f"prefer: {prefs}")
+    if b.prefer:
+        ex.why.append("chosen knobs: " + ", ".join(f"{x.knob}={best.knobs.get(x.knob)}" for x in b.prefer))
+    for v in keyed[1:]:
+        ex.rejected.append((v.name, _outranked(rules, p, v, best)))
+    return ex
+
+
+def choose(variants: Sequence, p: Problem, rules: Mapping[tuple[str, str, str], Rule] | None = None):
+    """The variant for `p` (raises UnsupportedProblem naming every refusal)."""
+    ex = explain(variants, rules or {}, p)
+    if ex.chosen is None:
+        raise UnsupportedProblem(ex.error)
+    return ex.chosen
+
+
+def problem_for(op: str, arch: str, *, dtype: str = "bf16", rank: int = 0, wcscale: bool = True,
+                bias: bool = True, **dims: int) -> Problem:
+    """A `Problem` from plain values: the op's features by name (``dtype`` fills ``out_dtype``/``dtype``;
+    features fixed by the arch, such as the scale layout, are taken from it) and its dims."""
+    spec = op_spec(op)
+    given = {"out_dtype": dtype, "dtype": dtype, "rank": int(rank), "wcscale": bool(wcscale), "bias": bool(bias)}
+    feats = []
+    for f in spec.features:
+        if f.by_arch is not None:
+            if arch not in f.by_arch:
+                raise UnsupportedProblem(f"op {op} has no {f.name} for arch {arch!r} (known archs: "
+                                         f"{', '.join(sorted(f.by_arch))})")
+            feats.append(f.by_arch[arch])
+        elif f.name in given:
+            feats.append(given[f.name])
+        else:  # pragma: no cover - a new feature needs a value here
+            raise UnsupportedProblem(f"op {op}: no value given for feature {f.name}")
+    missing = [d for d in spec.dims if d not in dims]
+    if missing:
+        raise UnsupportedProblem(f"op {op} needs the dims {', '.join(spec.dims)}; missing {', '.join(missing)}")
+    extra = sorted(set(dims) - set(spec.dims))
+    if extra:
+        raise UnsupportedProblem(f"op {op} has no dims {extra} (its dims: {', '.join(spec.dims)})")
+    return Problem(op, arch, tuple(feats), tuple((d, int(dims[d])) for d in spec.dims))

@@ -177,7 +177,10 @@ def test_launch_from_a_fresh_thread_and_foreign_context(lib):
         ctx = None
         if tag == "foreign":
             err, dev = cu.cuDeviceGet(0)
-            err, ctx = cu.cuCtxCreate(None, 0, dev)
+            try:                                  # cuda-bindings 13.x: (params, flags, dev); 12.x: (flags, dev)
+                err, ctx = cu.cuCtxCreate(None, 0, dev)
+            except TypeError:
+                err, ctx = cu.cuCtxCreate(0, dev)
             assert err == cu.CUresult.CUDA_SUCCESS, err
         lib.gemm_w4a4(p["act"], p["wgt"], p["ascales"], p["wscales"], lora_act_in=p["lora_act_in"],
                       lora_up=p["lora_up"], wcscale=p["wcscale"], bias=p["bias"], out=outs[tag])

@@ -417,11 +417,21 @@ def test_quantize_act_plan(monkeypatch):
 
 
 # ---------------------------------------------------------------- selection
-def _v(name, arch="sm_90a", dt="bf16", r=32, wc=True, b=True, tm=128, tn=128, tk=64, op="gemm_w4a4"):
+def _v(name, arch="sm_90a", dt="bf16", r=32, wc=True, b=True, tm=128, tn=128, tk=64, op="gemm_w4a4",
+       family="sm90_gemm_w4a4"):
     knobs = dict(out_dtype=dt, rank=r, wcscale=wc, bias=b, scale_layout="logical", tile_m=tm, tile_n=tn, tile_k=tk,
                  stages=2)
-    return SimpleNamespace(name=name, op=op, arch=arch, knobs=knobs,
+    return SimpleNamespace(name=name, op=op, arch=arch, knobs=knobs, family=family,
                            requirements=dict(n_multiple=tn, k_multiple=tk))
+
+
+def _rules(buckets, family="sm90_gemm_w4a4", op="gemm_w4a4", arch="sm_90a"):
+    from svdq_loader.select_rules import Rule, parse_buckets
+    return {(op, arch, family): Rule(op, arch, family, parse_buckets(buckets, "test"))}
+
+
+TILE_RULE = [{"m_max": 64, "prefer": [{"knob": "tile_m", "order": "asc"}]},
+             {"m_max": None, "prefer": [{"knob": "tile_m", "order": "desc"}]}]
 
 
 def _p(arch="sm_90a", out_dtype="bf16", rank=32, wcscale=True, bias=True, scale_layout="logical", m=77, n=3072,
@@ -444,13 +454,89 @@ def test_select_keeps_to_the_problems_op():
         select.choose([qa], _p())
 
 
-def test_select_prefers_small_tile_for_small_m():
+def test_select_ranks_by_the_rules_m_buckets():
     vs = [_v("big", tm=128), _v("small", tm=64)]
-    assert select.choose(vs, _p(m=40)).name == "small"
-    assert select.choose(vs, _p(m=4096)).name == "big"
-    # ties are broken by name, so the choice never depends on the order of the entries
-    assert select.choose([_v("y"), _v("x")], _p()).name == "x"
-    assert select.choose([_v("x"), _v("y")], _p()).name == "x"
+    rules = _rules(TILE_RULE)
+    assert select.choose(vs, _p(m=40), rules).name == "small"
+    assert select.choose(vs, _p(m=64), rules).name == "small"     # bucket bounds are inclusive
+    assert select.choose(vs, _p(m=65), rules).name == "big"
+    assert select.choose(vs, _p(m=4096), rules).name == "big"
+    assert select.choose(list(reversed(vs)), _p(m=40), rules).name == "small"
+    # without a rule: name order; ties are broken by name, so the choice never depends on the entries' order
+    assert select.choose(vs, _p(m=40)).name == "big"
+    assert select.choose([_v("y"), _v("x")], _p(), rules).name == "x"
+    assert select.choose([_v("x"), _v("y")], _p(), rules).name == "x"
+
+
+def test_select_rules_are_generic_over_knobs_and_families():
+    """A second family with a knob the first lacks: priority per bucket decides between families,
+    an explicit value order within one."""
+    from svdq_loader.select_rules import Rule, parse_buckets
+    a = _v("a64", tm=64)
+    b = [SimpleNamespace(**{**vars(_v(f"splitk{s}", family="sm90_splitk")),
+                            "knobs": dict(_v("x").knobs, splits=s)}) for s in (2, 4, 8)]
+    rules = _rules(TILE_RULE)
+    rules[("gemm_w4a4", "sm_90a", "sm90_splitk")] = Rule("gemm_w4a4", "sm_90a", "sm90_splitk", parse_buckets(
+        [{"m_max": 32, "priority": -1, "prefer": [{"knob": "splits", "values": [4, 8]}]},
+         {"m_max": None, "priority": 1}], "test"))
+    assert select.choose([a, *b], _p(m=16), rules).name == "splitk4"
+    assert select.choose([a, *b], _p(m=33), rules).name == "a64"
+    ex = select.explain([a, *b], rules, _p(m=16))
+    why = dict(ex.rejected)
+    assert why["splitk8"] == ("outranked by splitk4: splits=8 vs 4 (splits in the order [4, 8] for M in [1, 32])")
+    assert why["splitk2"].startswith("outranked by splitk4: splits=2 vs 4")
+    assert why["a64"].startswith("outranked by splitk4: family sm90_gemm_w4a4 has priority 0 for M in [1, 64], "
+                                 "family sm90_splitk has -1")
+
+
+def test_explain_names_the_choice_and_every_rejected_candidate():
+    vs = [_v("big", tm=128), _v("small", tm=64), _v("r0", r=0), _v("fp16", dt="fp16"), _v("n256", tn=256),
+          _v("other_arch", arch="sm_100a")]
+    ex = select.explain(vs, _rules(TILE_RULE), _p(m=4608, n=3072 + 128, k=12288))
+    assert ex.chosen.name == "big"
+    assert dict(ex.rejected) == {
+        "other_arch": "built for sm_100a, not sm_90a",
+        "r0": "built for rank=0 (the call needs 32)",
+        "fp16": "built for out_dtype=fp16 (the call needs bf16)",
+        "n256": "N=3200 is not a multiple of 256",
+        "small": "outranked by big: tile_m=64 vs 128 (tile_m larger first for M >= 65)",
+    }
+    assert "M=4608 falls in the bucket M >= 65" in " ".join(ex.why)
+    d = ex.to_dict()
+    assert d["chosen"] == "big" and d["dims"] == {"m": 4608, "n": 3200, "k": 12288}
+    assert d["features"]["rank"] == 32 and len(d["rejected"]) == 5
+    text = ex.text()
+    assert "chosen: big" in text and "  r0: built for rank=0 (the call needs 32)" in text
+    # nothing fits: the explanation still lists every candidate, and choose raises with the reason
+    ex = select.explain(vs, {}, _p(rank=48))
+    assert ex.chosen is None and "rank=48" in ex.error and len(ex.rejected) == 6
+
+
+def test_problem_for_fills_features_by_name():
+    p = select.problem_for("gemm_w4a4", "sm_90a", m=4608, n=3072, k=12288, rank=32, dtype="bf16")
+    assert p.features == ("bf16", 32, True, True, "logical") and p.dim == {"m": 4608, "n": 3072, "k": 12288}
+    q = select.problem_for("quantize_act", "sm_100a", m=7, k=3072, rank=16, dtype="fp16")
+    assert q.features == ("fp16", 16, "blocked") and q.dims == (("m", 7), ("k", 3072))
+    with pytest.raises(UnsupportedProblem, match=r"needs the dims m, n, k; missing n"):
+        select.problem_for("gemm_w4a4", "sm_90a", m=1, k=64)
+    with pytest.raises(UnsupportedProblem, match=r"no scale_layout for arch 'sm_89'"):
+        select.problem_for("gemm_w4a4", "sm_89", m=1, n=128, k=64)
+
+
+@pytest.mark.parametrize("buckets, words", [
+    ([], "expected a non-empty list"),
+    ([{"m_max": 64}], "the last bucket must be unbounded"),
+    ([{"m_max": None}, {"m_max": None}], "only the last bucket may be unbounded"),
+    ([{"m_max": 64}, {"m_max": 32}, {"m_max": None}], "above the previous bucket's bound 64"),
+    ([{"m_max": None, "prefer": [{"knob": "tile_q", "order": "asc"}]}], "not a knob of this family"),
+    ([{"m_max": None, "prefer": [{"knob": "tile_m", "order": "up"}]}], "order: asc|desc"),
+    ([{"m_max": None, "priority": "high"}], "expected an integer"),
+    ([{"m_max": None, "bogus": 1}], "expected an object with keys m_max"),
+])
+def test_malformed_selection_rules_are_refused(buckets, words):
+    from svdq_loader.select_rules import RuleError, parse_buckets
+    with pytest.raises(RuleError, match=words):
+        parse_buckets(buckets, "fam.SELECTION", ["tile_m", "tile_n"])
 
 
 @pytest.mark.parametrize("prob, pattern", [
@@ -471,18 +557,33 @@ def test_select_on_the_built_artifacts(gemm_artifacts):
     import svdq_loader
     lib = svdq_loader.load(str(gemm_artifacts))
     feats = ("bf16", 32, True, True, "logical")
-    e = lib.explain("gemm_w4a4", ARCH, feats, m=77, n=256, k=256)
+    e = lib.choose("gemm_w4a4", ARCH, feats, m=77, n=256, k=256)
     assert (e.knobs["rank"], e.op, e.arch) == (32, "gemm_w4a4", ARCH)
-    assert lib.explain("gemm_w4a4", ARCH, ("bf16", 0, True, True, "logical"), m=1, n=512, k=128).knobs["rank"] == 0
+    assert lib.choose("gemm_w4a4", ARCH, ("bf16", 0, True, True, "logical"), m=1, n=512, k=128).knobs["rank"] == 0
+    assert lib.choose("gemm_w4a4", m=1, n=512, k=128, rank=32) == e        # arch: the one built; features by name
+    ex = lib.explain("gemm_w4a4", m=1, n=512, k=128, rank=32)
+    assert ex.chosen == e and [r for _, r in ex.rejected] == ["built for rank=0 (the call needs 32)"]
+    rule = lib.rules[("gemm_w4a4", ARCH, "sm90_gemm_w4a4")]            # the family's rule, from the manifest
+    assert [b.m_max for b in rule.buckets] == [64, None]
     with pytest.raises(UnsupportedProblem, match=r"N=200 is not a multiple of 128"):
-        lib.explain("gemm_w4a4", ARCH, feats, m=77, n=200, k=256)
+        lib.choose("gemm_w4a4", ARCH, feats, m=77, n=200, k=256)
     with pytest.raises(UnsupportedProblem, match=r"rank=16"):
-        lib.explain("gemm_w4a4", ARCH, ("bf16", 16, True, True, "logical"), m=77, n=256, k=256)
+        lib.choose("gemm_w4a4", ARCH, ("bf16", 16, True, True, "logical"), m=77, n=256, k=256)
     with pytest.raises(UnsupportedProblem, match=r"the artifacts hold no quantize_act kernels"):
-        lib.explain("quantize_act", ARCH, ("bf16", 32, "logical"), m=77, k=256)
+        lib.choose("quantize_act", ARCH, ("bf16", 32, "logical"), m=77, k=256)
+    with pytest.raises(UnsupportedProblem, match=r"N=200 is not a multiple of 128") as ei:
+        lib.explain("gemm_w4a4", m=77, n=200, k=256, rank=32)
+    assert ei.value.explanation.chosen is None and len(ei.value.explanation.rejected) == 2
 
 
 # ---------------------------------------------------------------- launch-time refusals (driver stubbed)
+@pytest.fixture(autouse=True)
+def _driver_supports_cuda_13(monkeypatch):
+    """The stubbed driver of these tests reports CUDA 13.0 (the version check has its own tests)."""
+    from svdq_loader import driver
+    monkeypatch.setattr(driver, "driver_version", lambda: 13000)
+
+
 class _FakeDK:
     """Stands in for driver.DeviceKernels: records the load, hands out one handle per kernel symbol."""
     loads: list = []

@@ -35,9 +35,15 @@ def seal(d: dict) -> dict:
             **{k: v for k, v in body.items() if k != "schema_version"}}
 
 
+RULE = {"op": "gemm_w4a4", "arch": "sm_90a", "family": "sm90_gemm_w4a4",
+        "buckets": [{"m_max": 64, "priority": 0, "prefer": [{"knob": "tile_m", "order": "asc"}]},
+                    {"m_max": None, "priority": 0, "prefer": [{"knob": "tile_m", "order": "desc"},
+                                                              {"knob": "stages", "values": [2, 1]}]}]}
+
+
 def doc() -> dict:
     return seal({
-        "schema_version": 2,
+        "schema_version": 3,
         "generator": {"package": "svdq-aot", "package_version": "0.1.0", "dsl": "nvidia-cutlass-dsl",
                       "dsl_version": "4.8.1", "python": "3.11.7"},
         "config": {"name": "flux", "sha256": "0" * 64, "file": "flux.yaml"},
@@ -57,7 +63,14 @@ def doc() -> dict:
             "resources": {f"{NAME}_0": {"registers": 255, "stack_frame_bytes": 0, "static_smem": 0}},
             "launch_recipe": None}],
         "rejected": [{"name": "svdq_gemm_w4a4_x", "reason": "SMEM budget"}],
+        "selection": [RULE],
+        "requires": {"cuda_driver": {"sm_90a": 12000}},
     })
+
+
+def doc_v2() -> dict:
+    d = {k: v for k, v in doc().items() if k not in ("selection", "requires", "checksum")}
+    return seal(dict(d, schema_version=2))
 
 
 SYM = f"{NAME}_0"
@@ -76,7 +89,10 @@ def test_round_trip_and_types(tmp_path):
     out = write_dir(tmp_path)
     m = read_manifest(out)
     v = m.variants[0]
-    assert m.schema_version == M.SCHEMA_VERSION == 2
+    assert m.schema_version == M.SCHEMA_VERSION == 3
+    assert m.cuda_driver == {"sm_90a": 12000}
+    rule = m.rules[("gemm_w4a4", "sm_90a", "sm90_gemm_w4a4")]
+    assert rule.to_dict() == RULE and rule.bucket(64)[1].prefer[0].order == "asc"
     assert v.op == "gemm_w4a4" and v.knobs["rank"] == 32 and v.knobs["wcscale"] is True
     assert list(v.knobs) == ["out_dtype", "rank", "wcscale", "bias", "scale_layout", "tile_m", "tile_n",
                              "tile_k", "stages"]                    # order kept: it is the naming order
@@ -160,13 +176,40 @@ def test_schema_rejections(tmp_path, fn, words):
         assert w in msg, (w, msg)
 
 
-@pytest.mark.parametrize("version", [1, 3, 0, "2", True, None])
+@pytest.mark.parametrize("version", [1, 4, 0, "2", True, None])
 def test_unknown_schema_version(tmp_path, version):
     out = write_dir(tmp_path, _broken(lambda d: d.update(schema_version=version)))
     with pytest.raises(ManifestError) as ei:
         read_manifest(out)
     msg = str(ei.value)
-    assert f"manifest schema {version!r}" in msg and "reads schema 2" in msg and "rebuild" in msg
+    assert f"manifest schema {version!r}" in msg and "reads schema 2, 3" in msg and "rebuild" in msg
+
+
+def test_a_v2_manifest_is_still_read_without_rules(tmp_path):
+    out = write_dir(tmp_path, doc_v2())
+    m = read_manifest(out)
+    assert m.schema_version == 2 and m.selection == () and m.cuda_driver == {}
+    assert json.loads(m.to_json()) == doc_v2()
+    # a v2 manifest may not carry the v3 keys, and a v3 one must
+    with pytest.raises(ManifestError, match="unknown key"):
+        read_manifest(write_dir(tmp_path, seal(dict(doc(), schema_version=2))))
+    with pytest.raises(ManifestError, match=r"missing key\(s\) \['selection', 'requires'\]"):
+        read_manifest(write_dir(tmp_path, seal(dict(doc_v2(), schema_version=3))))
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda d: d["selection"].append(copy.deepcopy(RULE)), ["a second rule for the same"]),
+    (lambda d: d["selection"][0]["buckets"][1].update(m_max=1000), ["the last bucket must be unbounded"]),
+    (lambda d: d["selection"][0]["buckets"][0]["prefer"].append({"knob": "splits", "order": "asc"}),
+     ["ranks by a knob variant", "does not have"]),
+    (lambda d: d["requires"]["cuda_driver"].update(sm_90a="12.0"), ["requires.cuda_driver.sm_90a", "integer"]),
+])
+def test_selection_and_requires_are_validated(tmp_path, fn, words):
+    out = write_dir(tmp_path, _broken(fn))
+    with pytest.raises(ManifestError) as ei:
+        read_manifest(out)
+    for w in words:
+        assert w in str(ei.value), (w, str(ei.value))
 
 
 def test_a_v1_manifest_is_refused_with_both_versions_and_rebuild(tmp_path):
@@ -176,7 +219,7 @@ def test_a_v1_manifest_is_refused_with_both_versions_and_rebuild(tmp_path):
     with pytest.raises(ManifestError) as ei:
         read_manifest(out)
     msg = str(ei.value)
-    assert "schema 1" in msg and "reads schema 2" in msg and "rebuild the artifacts" in msg
+    assert "schema 1" in msg and "reads schema 2, 3" in msg and "rebuild the artifacts" in msg
 
 
 def test_dsl_and_python_versions_are_informational(tmp_path):

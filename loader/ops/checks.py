@@ -44,8 +44,8 @@ def check_tensor(name: str, t, *, dtype, ndim: int, shape=None):
     if shape is not None:
         for i, (got, want) in enumerate(zip(t.shape, shape)):
             if want is not None and got != want:
-                fail(f"{name} has shape {tuple(t.shape)}, expected "
-                     f"{tuple('?' if w is None else w for w in shape)} (dim {i}: {got} != {want})")
+                shown = ", ".join("?" if w is None else str(w) for w in shape) + ("," if len(shape) == 1 else "")
+                fail(f"{name} has shape {tuple(t.shape)}, expected ({shown}) (dim {i}: {got} != {want})")
     if not t.is_contiguous():
         fail(f"{name} must be contiguous (row-major), got strides {t.stride()} for shape {tuple(t.shape)}")
     if t.data_ptr() % PTR_ALIGN:
