@@ -130,3 +130,50 @@ def test_flux_dev_shapes_against_the_flux_config():
     assert len(r128.swapped) == len(want) and not [r for r in r128.skipped if r[0].startswith(flux.BLOCK_PREFIXES)]
     r80 = quantize_model(model, lib, rank=80, filter=flux.in_blocks, arch="sm_90a", dry_run=True)
     assert r80.swapped == [] and all("rank=80" in r[3] for r in r80.skipped if r[0].startswith(flux.BLOCK_PREFIXES))
+
+
+class EmulatedLibrary:
+    """The library's three calls in plain torch ops (svdq_loader.testing.torch_quant), for CPU plumbing tests."""
+
+    def __init__(self, variants):
+        self.variants, self.prepared = variants, 0
+
+    def quantize_act(self, x, *, smooth=None, lora_down=None):
+        from svdq_loader.testing import torch_quant
+        assert x.is_contiguous() and x.data_ptr() % 16 == 0
+        return torch_quant.quantize_act(x, smooth, lora_down)
+
+    def prepare_weight(self, wgt, wscales, *, lora_up=None, wcscale=None, bias=None):
+        self.prepared += 1
+        return (wgt, wscales, lora_up, wcscale, bias)
+
+    def gemm_w4a4(self, act, w, ascales, *, lora_act_in=None, out_dtype=None):
+        from svdq_loader.testing import torch_quant
+        wgt, wscales, lora_up, wcscale, bias = w
+        return torch_quant.w4a4_unfused(act, ascales, wgt, wscales, lora_act_in, lora_up, wcscale, bias,
+                                        out_dtype=out_dtype)
+
+
+def test_small_flux_forward_plumbing_on_an_emulated_library(tiny_artifacts):
+    """The model's forward through W4A4Linear (reshapes, smoothing, LoRA, weight cache) with torch-op kernels."""
+    import svdq_loader
+    from svdq_loader.torch import calibrate
+    model = small_model()
+    inputs = flux.make_inputs(SMALL, image_tokens=64, text_tokens=16, device="cpu")
+    y_bf16 = flux.step(model, inputs)
+    amax = calibrate(model, lambda: flux.step(model, inputs), filter=flux.in_blocks)
+    assert len(amax) == 14 and all(a.shape == (m.in_features,) for a, m in
+                                   ((amax[n], model.get_submodule(n)) for n in amax))
+    lib = EmulatedLibrary(svdq_loader.load(str(tiny_artifacts)).variants)
+    quantize_model(model, lib, rank=32, filter=flux.in_blocks, act_amax=amax)
+    assert all(m.smooth is not None for m in model.modules() if isinstance(m, W4A4Linear))
+    check = flux.LayerCheck(model, 1e-2)
+    y = flux.step(model, inputs)
+    check.remove()
+    s = check.summary()
+    assert s["layers"] == 14 and s["all_ok"], (s["max_rel_err"], s["worst_layer"])
+    assert {r["m"] for r in s["per_layer"].values()} == {1, 16, 64, 80}       # temb, text, image, joint
+    assert lib.prepared == 14
+    flux.step(model, inputs)
+    assert lib.prepared == 14                                                 # the weight side is prepared once
+    assert torch.isfinite(y).all() and flux.rel_error(y, y_bf16) < 0.3
