@@ -257,10 +257,10 @@ def plan(args) -> int:
     return 0
 
 
-def run(args) -> dict:
+def run(args, device="cuda") -> dict:
     import svdq_loader
     from svdq_loader.torch import calibrate, quantize_model, weight_bytes
-    dev = torch.device("cuda")
+    dev = torch.device(device)
     lib = svdq_loader.load(args.artifacts)
     timing = {"warmup": args.warmup, "iters": args.iters}
     out: dict = {"gpu": torch.cuda.get_device_name(dev), "torch": torch.__version__,
@@ -331,6 +331,8 @@ def table(out: dict) -> str:
     for label, p in (out.get("profile") or {}).items():
         cats = ", ".join(f"{c} {us / 1e3:.1f} ms" for c, us in sorted(p["by_category_us"].items(), key=lambda x: -x[1]))
         lines.append(f"profile {label}: total GPU {p['total_gpu_us'] / 1e3:.1f} ms: {cats}")
+        for r in p["top_kernels"][:5]:
+            lines.append(f"    {r['gpu_us'] / 1e3:8.2f} ms  {r['calls']:5d} calls  {r['kernel'][:90]}")
     return "\n".join(lines)
 
 
