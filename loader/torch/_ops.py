@@ -26,8 +26,16 @@ def _need(lib):
 
 @torch.compiler.disable
 def quantize(lib, x, smooth, lora_down):
-    """x [M, K] -> (act [M, K/2] uint8, ascales, lora_act_in [M, R] or None)."""
-    return _need(lib).quantize_act(x, smooth=smooth, lora_down=lora_down)
+    """x [M, K] -> (act [M, K/2] uint8, ascales, lora_act_in [M, R] or None).
+
+    A non-contiguous or misaligned x is copied first (the kernel reads contiguous, 16-byte-aligned rows).
+    """
+    lib = _need(lib)
+    if not x.is_contiguous():
+        x = x.contiguous()
+    elif x.data_ptr() % 16:
+        x = x.clone()
+    return lib.quantize_act(x, smooth=smooth, lora_down=lora_down)
 
 
 @torch.compiler.disable

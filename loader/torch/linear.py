@@ -158,10 +158,7 @@ class W4A4Linear(nn.Module):
         if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[-1] != self.in_features:
             raise InvalidArgument(f"input must be a tensor [..., {self.in_features}], got "
                                   f"{tuple(getattr(x, 'shape', ())) or type(x).__name__}")
-        x2 = x.reshape(-1, self.in_features)
-        if not x2.is_contiguous() or x2.data_ptr() % 16:
-            x2 = x2.contiguous() if not x2.is_contiguous() else x2.clone()
-        return x2
+        return x.reshape(-1, self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = self._flat_input(x)
@@ -182,7 +179,7 @@ class W4A4Linear(nn.Module):
         """
         from svdq_loader.testing import torch_quant
         from svdq_loader.testing.reference import reference_torch_f64
-        x2 = self._flat_input(x)
+        x2 = self._flat_input(x).contiguous()
         act, ascales, _ = torch_quant.quantize_act(x2, self.smooth, None)
         xh = x2 if self.smooth is None else (x2.float() * (1.0 / self.smooth.float())).to(x2.dtype)
         la = lu = None

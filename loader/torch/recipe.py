@@ -78,12 +78,10 @@ def low_rank(w: torch.Tensor, rank: int, *, svd: str = "exact", seed: int = 0):
         u, s, vh = torch.linalg.svd(w, full_matrices=False)
         u, s, v = u[:, :rank], s[:rank], vh[:rank].T
     else:
-        gen_state = torch.random.get_rng_state()
-        torch.manual_seed(seed)
-        try:
+        devices = [w.device] if w.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):      # deterministic, and the caller's RNG is untouched
+            torch.manual_seed(seed)
             u, s, v = torch.svd_lowrank(w, q=min(rank + 16, min(w.shape)), niter=4)
-        finally:
-            torch.random.set_rng_state(gen_state)
         u, s, v = u[:, :rank], s[:rank], v[:, :rank]
     r = s.clamp(min=0).sqrt()
     return (u * r).contiguous(), (v * r).contiguous()
