@@ -177,3 +177,14 @@ def test_small_flux_forward_plumbing_on_an_emulated_library(tiny_artifacts):
     flux.step(model, inputs)
     assert lib.prepared == 14                                                 # the weight side is prepared once
     assert torch.isfinite(y).all() and flux.rel_error(y, y_bf16) < 0.3
+
+
+def test_example_plan_mode_reports_the_whole_model(tiny_artifacts, tmp_path, capsys):
+    """`examples/flux_w4a4.py --plan`: the full FLUX.1-dev model on the meta device, no GPU, no weights."""
+    import json
+    out = tmp_path / "plan.json"
+    assert flux.main(["--plan", "--artifacts", str(tiny_artifacts), "--json", str(out)]) == 0
+    plan = json.loads(out.read_text())["plan"]
+    assert plan["arch"] == "sm_90a" and len(plan["swapped"]) == 342
+    assert {r["reason"] for r in plan["skipped"]} == {"excluded by the filter"} and len(plan["skipped"]) == 10
+    assert "342 linear(s) swapped, 10 skipped" in capsys.readouterr().out
