@@ -1,0 +1,201 @@
+"""`W4A4Linear`: an SVDQuant W4A4 linear layer as an `nn.Module` (state dict: docs/torch.md).
+
+    layer = W4A4Linear.from_linear(linear, lib=lib, rank=32, act_amax=amax)   # offline recipe
+    layer = W4A4Linear.from_tensors(qweight=..., wscales=..., wcscale=..., lib=lib)
+    y = layer(x)          # x [..., K] bf16/fp16 on the GPU -> y [..., N] in x's dtype
+
+forward = ``quantize_act`` (smooth, NVFP4 codes and scales, LoRA-down) ->
+``gemm_w4a4`` with the layer's weights, both through `svdq_loader.torch._ops`.
+`reference(x)` computes the same quantized math in float64 with torch ops
+(any device), for checking a layer's output.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from svdq_loader.errors import InvalidArgument
+from svdq_loader.ops.layouts import BLOCK_K
+from svdq_loader.torch import _ops
+from svdq_loader.torch.recipe import quantize_linear
+
+#: Buffers whose dtype is part of the format: `module.to(dtype)` moves them but keeps their dtype.
+FIXED_DTYPE = ("qweight", "wscales", "wcscale", "bias")
+#: Every state-dict name, in order (optional ones may be absent).
+STATE_NAMES = ("qweight", "wscales", "wcscale", "bias", "smooth", "lora_down", "lora_up")
+_HALF = (torch.float16, torch.bfloat16)
+
+
+class W4A4Linear(nn.Module):
+    """y = (Q(x̂)·Q(W)ᵀ)·wcscale + bias + (x̂·lora_down)·lora_upᵀ, x̂ = x / smooth (docs/design.md section 2)."""
+
+    def __init__(self, in_features: int, out_features: int, *, rank: int = 32, bias: bool = True,
+                 smooth: bool = False, dtype: torch.dtype = torch.bfloat16, device=None, lib=None):
+        super().__init__()
+        if in_features < BLOCK_K or in_features % BLOCK_K or out_features < 1:
+            raise InvalidArgument(f"W4A4Linear needs in_features a positive multiple of {BLOCK_K} and "
+                                  f"out_features >= 1, got in_features={in_features}, out_features={out_features}")
+        if not isinstance(rank, int) or rank < 0 or rank % 16:
+            raise InvalidArgument(f"rank must be 0 or a positive multiple of 16, got {rank!r}")
+        if dtype not in _HALF:
+            raise InvalidArgument(f"dtype (activations, LoRA, output) must be torch.bfloat16 or torch.float16, "
+                                  f"got {dtype}")
+        self.in_features, self.out_features, self.rank = in_features, out_features, rank
+        k, n = in_features, out_features
+        e = lambda *s, dt: torch.empty(*s, dtype=dt, device=device)  # noqa: E731
+        self.register_buffer("qweight", e(n, k // 2, dt=torch.uint8))
+        self.register_buffer("wscales", e(n, k // BLOCK_K, dt=torch.float8_e4m3fn))
+        self.register_buffer("wcscale", e(n, dt=torch.float32))
+        self.register_buffer("bias", e(n, dt=torch.float32) if bias else None)
+        self.register_buffer("smooth", e(k, dt=dtype) if smooth else None)
+        self.register_buffer("lora_down", e(k, rank, dt=dtype) if rank else None)
+        self.register_buffer("lora_up", e(n, rank, dt=dtype) if rank else None)
+        self._lib = lib
+        self._prepared: dict = {}
+
+    # -- construction ------------------------------------------------------
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, *, rank: int = 32, act_amax: torch.Tensor | None = None,
+                    alpha: float = 0.5, svd: str = "exact", dtype: torch.dtype | None = None,
+                    lib=None) -> "W4A4Linear":
+        """SVDQuant's offline recipe (`recipe.quantize_linear`) on a bf16/fp16 `nn.Linear`.
+
+        `act_amax [K]`: max |x| per input channel over a calibration batch
+        (`calibrate`); without it there is no smoothing.
+        """
+        if not isinstance(linear, nn.Linear):
+            raise InvalidArgument(f"from_linear expects an nn.Linear, got {type(linear).__name__}")
+        q = quantize_linear(linear.weight, linear.bias, rank=rank, act_amax=act_amax, alpha=alpha, svd=svd,
+                            dtype=dtype)
+        return cls.from_tensors(**q.__dict__, lib=lib)
+
+    @classmethod
+    def from_tensors(cls, *, qweight, wscales, wcscale, bias=None, smooth=None, lora_down=None, lora_up=None,
+                     lib=None) -> "W4A4Linear":
+        """A layer holding already-quantized tensors (layouts: docs/torch.md); they are checked, then copied."""
+        if not isinstance(qweight, torch.Tensor) or qweight.dtype != torch.uint8 or qweight.dim() != 2:
+            raise InvalidArgument(f"qweight must be a 2-D uint8 tensor [N, K/2], got "
+                                  f"{getattr(qweight, 'dtype', type(qweight).__name__)} "
+                                  f"{tuple(getattr(qweight, 'shape', ()))}")
+        n, k = qweight.shape[0], 2 * qweight.shape[1]
+        if (lora_down is None) != (lora_up is None):
+            raise InvalidArgument("lora_down and lora_up must be given together")
+        rank = int(lora_up.shape[1]) if lora_up is not None else 0
+        halves = [t for t in (smooth, lora_down, lora_up) if t is not None]
+        dtype = halves[0].dtype if halves else torch.bfloat16
+        layer = cls(k, n, rank=rank, bias=bias is not None, smooth=smooth is not None, dtype=dtype,
+                    device=qweight.device, lib=lib)
+        given = dict(qweight=qweight, wscales=wscales, wcscale=wcscale, bias=bias, smooth=smooth,
+                     lora_down=lora_down, lora_up=lora_up)
+        layer.load_tensors(given)
+        return layer
+
+    @classmethod
+    def from_state_dict(cls, state: dict, *, prefix: str = "", lib=None) -> "W4A4Linear":
+        """A layer shaped and filled from a state dict (e.g. one read with safetensors)."""
+        t = {n: state.get(prefix + n) for n in STATE_NAMES}
+        if t["qweight"] is None:
+            raise InvalidArgument(f"state dict has no {prefix}qweight: not a W4A4Linear state")
+        return cls.from_tensors(**t, lib=lib)
+
+    def load_tensors(self, given: dict) -> None:
+        """Copy tensors into the buffers after checking names, shapes and dtypes (raises InvalidArgument)."""
+        for name in STATE_NAMES:
+            buf, t = getattr(self, name), given.get(name)
+            if (buf is None) != (t is None):
+                raise InvalidArgument(f"{name}: the layer {'has' if buf is not None else 'has no'} it but the "
+                                      f"tensors {'lack' if t is None else 'hold'} it")
+            if buf is None:
+                continue
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(buf.shape):
+                raise InvalidArgument(f"{name} must have shape {tuple(buf.shape)}, got "
+                                      f"{tuple(getattr(t, 'shape', ())) or type(t).__name__}")
+            if name in ("qweight", "wscales") and t.dtype != buf.dtype:
+                raise InvalidArgument(f"{name} must have dtype {buf.dtype}, got {t.dtype}")
+            if name not in ("qweight", "wscales") and not t.is_floating_point():
+                raise InvalidArgument(f"{name} must be a floating-point tensor, got {t.dtype}")
+            if name in ("smooth", "lora_down", "lora_up") and t.dtype != buf.dtype:
+                raise InvalidArgument(f"{name} has dtype {t.dtype} but the layer's activation dtype is {buf.dtype} "
+                                      f"(smooth, lora_down and lora_up share one dtype)")
+            with torch.no_grad():
+                buf.copy_(t)
+        self._prepared.clear()
+
+    # -- runtime -----------------------------------------------------------
+    def attach(self, lib) -> "W4A4Linear":
+        """Use the kernels of `lib` (an `svdq_loader.Library`) in forward."""
+        self._lib = lib
+        self._prepared.clear()
+        return self
+
+    @property
+    def lib(self):
+        return self._lib
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The activation / output dtype (of the LoRA and smoothing tensors; bf16 when there are none)."""
+        for t in (self.lora_up, self.smooth):
+            if t is not None:
+                return t.dtype
+        return torch.bfloat16
+
+    def _apply(self, fn, recurse=True):
+        keep = {n: self._buffers[n] for n in FIXED_DTYPE if self._buffers.get(n) is not None}
+        super()._apply(fn, recurse)
+        for n, old in keep.items():
+            new = self._buffers[n]
+            if new.dtype != old.dtype:          # a dtype cast: follow the device, keep the format's dtype
+                self._buffers[n] = old.to(new.device)
+        self._prepared.clear()
+        return self
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        self._prepared.clear()
+        return super()._load_from_state_dict(*args, **kwargs)
+
+    def _flat_input(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[-1] != self.in_features:
+            raise InvalidArgument(f"input must be a tensor [..., {self.in_features}], got "
+                                  f"{tuple(getattr(x, 'shape', ())) or type(x).__name__}")
+        return x.reshape(-1, self.in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = self._flat_input(x)
+        act, ascales, lora_act_in = _ops.quantize(self._lib, x2, self.smooth, self.lora_down)
+        y = _ops.gemm(self._lib, act, ascales, self.qweight, self.wscales, lora_act_in, self.lora_up, self.wcscale,
+                      self.bias, x2.dtype, self._prepared)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    # -- checking ----------------------------------------------------------
+    @torch.no_grad()
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        """float64 [..., N] of the layer's quantized math on x's device (exact quantizer rules, LoRA unrounded).
+
+        x̂ = (x · (1/smooth)) rounded to x's dtype; codes and scales by the
+        rules of `svdq_loader.testing.quantize_ref` (bit-exact with the
+        kernel); the GEMM, ``wcscale``, ``bias`` and ``x̂·lora_down·lora_upᵀ``
+        in float64.
+        """
+        from svdq_loader.testing import torch_quant
+        from svdq_loader.testing.reference import reference_torch_f64
+        x2 = self._flat_input(x).contiguous()
+        act, ascales, _ = torch_quant.quantize_act(x2, self.smooth, None)
+        xh = x2 if self.smooth is None else (x2.float() * (1.0 / self.smooth.float())).to(x2.dtype)
+        la = lu = None
+        if self.rank:
+            la = xh.to(torch.float64) @ self.lora_down.to(torch.float64)
+            lu = self.lora_up
+        y = reference_torch_f64(act, self.qweight, ascales, self.wscales, lora_act_in=la, lora_up=lu,
+                                wcscale=self.wcscale, bias=self.bias)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}, "
+                f"bias={self.bias is not None}, smooth={self.smooth is not None}, dtype={self.dtype}")
+
+
+@torch.no_grad()
+def weight_bytes(module: nn.Module) -> int:
+    """Bytes of every parameter and buffer of `module` (what the model keeps resident)."""
+    return sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
