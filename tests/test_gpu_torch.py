@@ -130,11 +130,9 @@ def test_torch_compile_matches_eager(lib):
     torch._dynamo.reset()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("svdq_loader.torch_ops") is None,
-                    reason="the svdq:: torch.library custom ops are not in this tree yet")
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_torch_compile_fullgraph_through_custom_ops(lib, mode):
-    """Needs `_ops` to call torch.ops.svdq.* (one edit in svdq_loader/torch/_ops.py): no graph break."""
+    """Compiled layers go through torch.ops.svdq.* (svdq_loader/torch/_ops.py): no graph break."""
     k, n = 3072, 3072
     served(lib, k, n, 32, torch.bfloat16)
     layer = W4A4Linear.from_linear(make_linear(k, n, torch.bfloat16, SEED + 7), rank=32, lib=lib)

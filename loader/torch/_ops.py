@@ -1,19 +1,20 @@
 """The one place where `svdq_loader.torch` calls the kernels: `quantize` and `gemm`.
 
-Both take plain tensors (the custom-op shape: no Python objects but the
-library), so that moving them onto registered ``torch.library`` ops
-(``svdq::quantize_act`` / ``svdq::gemm_w4a4``) is an edit of this file only.
-
-Today they call the library's methods directly and are hidden from
-``torch.compile`` (`torch.compiler.disable`): a compiled model graph-breaks
-around each call and runs the kernels eagerly.  CUDA-graph capture works
-already (the library launches on the current stream and refuses to load a
-kernel during capture; call ``lib.preload()`` first).
+Both take plain tensors.  Eagerly they call the library's methods directly
+(the weight side checked once per layer and cached); while ``torch.compile``
+traces they go through the registered custom ops ``svdq::quantize_act`` /
+``svdq::gemm_w4a4`` (`svdq_loader.torch_ops`), so a compiled model has no
+graph break around them (``fullgraph=True`` works) and CUDA graphs
+(``mode="reduce-overhead"``) capture the launches.  The custom ops launch from
+the one Library registered with `torch_ops.use`, which `W4A4Linear.attach`
+does; a process uses one Library for its compiled layers.
 """
 from __future__ import annotations
 
 import torch
 
+from svdq_loader import torch_ops
+from svdq_loader.library import Library
 from svdq_loader.errors import InvalidArgument
 
 
@@ -24,24 +25,35 @@ def _need(lib):
     return lib
 
 
-@torch.compiler.disable
+def register(lib) -> None:
+    """Make `lib` the Library of the custom ops (what compiled layers launch from).  Stand-ins that are
+    not a `Library` (test doubles) are used eagerly only."""
+    if torch_ops._lib is not lib and isinstance(lib, Library):
+        torch_ops.use(lib)
+
+
 def quantize(lib, x, smooth, lora_down):
     """x [M, K] -> (act [M, K/2] uint8, ascales, lora_act_in [M, R] or None).
 
-    A non-contiguous or misaligned x is copied first (the kernel reads contiguous, 16-byte-aligned rows).
+    A non-contiguous x is made contiguous; eagerly, a misaligned one is copied too (the kernel reads
+    contiguous, 16-byte-aligned rows; tensors a compiled graph makes are allocator-aligned).
     """
     lib = _need(lib)
     if not x.is_contiguous():
         x = x.contiguous()
-    elif x.data_ptr() % 16:
+    if torch.compiler.is_compiling():
+        return torch_ops.quantize_act(x, smooth, lora_down)
+    if x.data_ptr() % 16:
         x = x.clone()
     return lib.quantize_act(x, smooth=smooth, lora_down=lora_down)
 
 
-@torch.compiler.disable
 def gemm(lib, act, ascales, qweight, wscales, lora_act_in, lora_up, wcscale, bias, out_dtype, cache: dict):
     """y = (A·Wᵀ)·wcscale + bias + lora_act_in·lora_upᵀ; `cache` keeps the checked weight side per layer."""
     lib = _need(lib)
+    if torch.compiler.is_compiling():
+        return torch.ops.svdq.gemm_w4a4(act, ascales, qweight, wscales, lora_act_in, lora_up, wcscale, bias,
+                                        out_dtype)
     key = (qweight.data_ptr(), wscales.data_ptr(), _ptr(lora_up), _ptr(wcscale), _ptr(bias), id(lib))
     w = cache.get(key)
     if w is None:

@@ -50,8 +50,10 @@ class W4A4Linear(nn.Module):
         self.register_buffer("smooth", e(k, dt=dtype) if smooth else None)
         self.register_buffer("lora_down", e(k, rank, dt=dtype) if rank else None)
         self.register_buffer("lora_up", e(n, rank, dt=dtype) if rank else None)
-        self._lib = lib
         self._prepared: dict = {}
+        self._lib = None
+        if lib is not None:
+            self.attach(lib)
 
     # -- construction ------------------------------------------------------
     @classmethod
@@ -123,7 +125,10 @@ class W4A4Linear(nn.Module):
 
     # -- runtime -----------------------------------------------------------
     def attach(self, lib) -> "W4A4Linear":
-        """Use the kernels of `lib` (an `svdq_loader.Library`) in forward."""
+        """Use the kernels of `lib` (an `svdq_loader.Library`) in forward (and register it with the
+        custom ops that compiled forwards launch through)."""
+        if lib is not None:
+            _ops.register(lib)
         self._lib = lib
         self._prepared.clear()
         return self
