@@ -143,12 +143,21 @@ def _layouts(cfg: _Cfg, ab_stages: int) -> SimpleNamespace:
         sfb_cols=(sfb_mn[1] // 32) * 4,
     )
     if cfg.rank:
-        lora_mma = sm100_utils.make_trivial_tiled_mma(c_dtype, c_dtype, K, K, Float32, group, mma_mn)
+        lora_mma = _lora_tiled_mma(cfg)
         ltiler = (cfg.tile_m, cfg.tile_n, cfg.rank)
         ns.lora_mma, ns.ltiler = lora_mma, ltiler
         ns.la = sm100_utils.make_smem_layout_a(lora_mma, ltiler, c_dtype, 1)
         ns.lb = sm100_utils.make_smem_layout_b(lora_mma, ltiler, c_dtype, 1)
     return ns
+
+
+def _lora_tiled_mma(cfg: _Cfg):
+    """The f16/bf16 tcgen05 MMA of the LoRA term: same (tile_m, tile_n) and CTA group as the main MMA, so
+    it accumulates into the same TMEM accumulator layout."""
+    group = tcgen05.CtaGroup.TWO if cfg.cta_group == 2 else tcgen05.CtaGroup.ONE
+    dt = _OUT_DTYPES[cfg.out_dtype]
+    K = OperandMajorMode.K
+    return sm100_utils.make_trivial_tiled_mma(dt, dt, K, K, Float32, group, (cfg.tile_m, cfg.tile_n))
 
 
 def _bytes(dtype, layout) -> int:
@@ -263,7 +272,7 @@ class _Sm100W4A4:
         self.ab_tx = (cute.size_in_bytes(_AB, a1) + cute.size_in_bytes(_AB, b1)
                       + cute.size_in_bytes(_SF, sfa1) + cute.size_in_bytes(_SF, sfb1)) * atom_thr
 
-        tma_la = g_la = tma_lb = g_lb = lora_mma = la_lay = lb_lay = None
+        tma_la = g_la = tma_lb = g_lb = la_lay = lb_lay = None
         self.lora_tx = 0
         if cutlass.const_expr(self.rank > 0):
             R = self.rank
@@ -274,7 +283,7 @@ class _Sm100W4A4:
             tma_la, g_la = cute.nvgpu.make_tiled_tma_atom_A(op_a, la_t, la1, L.ltiler, L.lora_mma, cluster_vmnk.shape)
             tma_lb, g_lb = cute.nvgpu.make_tiled_tma_atom_B(op_b, lb_t, lb1, L.ltiler, L.lora_mma, cluster_vmnk.shape)
             self.lora_tx = (cute.size_in_bytes(self.c_dtype, la1) + cute.size_in_bytes(self.c_dtype, lb1)) * atom_thr
-            lora_mma, la_lay, lb_lay = L.lora_mma, L.la, L.lb
+            la_lay, lb_lay = L.la, L.lb
 
         c1 = cute.slice_(L.c, (None, None, 0))
         tma_c, g_c = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), c_t, c1, L.epi_tile)
@@ -327,16 +336,14 @@ class _Sm100W4A4:
             SharedStorage = LoraStorage
 
         self.shared_storage = SharedStorage
-        if cutlass.const_expr(SharedStorage.size_in_bytes() > plan.SMEM_LIMIT_BYTES):
-            raise ValueError(f"SMEM {SharedStorage.size_in_bytes()} B exceeds {plan.SMEM_LIMIT_BYTES} B")
-        if cutlass.const_expr(SharedStorage.size_in_bytes() > sizes.total(self.ab_stages)):
+        if cutlass.const_expr(SharedStorage.size_in_bytes() > sizes.dynamic(self.ab_stages)):
             raise ValueError(f"SMEM struct {SharedStorage.size_in_bytes()} B is larger than the budget "
-                             f"{sizes.total(self.ab_stages)} B: the stage solver under-counts")
+                             f"{sizes.dynamic(self.ab_stages)} B: the stage solver under-counts")
 
         self.kernel(
             tiled_mma, tiled_mma_sfb, tma_a, g_a, tma_b, g_b, tma_sfa, g_sfa, tma_sfb, g_sfb,
             tma_la, g_la, tma_lb, g_lb, tma_c, g_c, wcscale, bias,
-            cluster_vmnk, cluster_sfb_vmnk, L.a, L.b, L.sfa, L.sfb, L.c, lora_mma, la_lay, lb_lay, L.epi_tile, m, n, tiles_m, num_tiles,
+            cluster_vmnk, cluster_sfb_vmnk, L.a, L.b, L.sfa, L.sfb, L.c, la_lay, lb_lay, L.epi_tile, m, n, tiles_m, num_tiles,
         ).launch(
             grid=[clusters * self.cs, 1, 1],
             block=[_THREADS, 1, 1],
@@ -362,7 +369,7 @@ class _Sm100W4A4:
         cluster_vmnk: cute.Layout, cluster_sfb_vmnk: cute.Layout,
         a_lay: cute.ComposedLayout, b_lay: cute.ComposedLayout,
         sfa_lay: cute.Layout, sfb_lay: cute.Layout, c_lay: cute.ComposedLayout,
-        lora_mma: Optional[cute.TiledMma], la_lay: Optional[cute.ComposedLayout],
+        la_lay: Optional[cute.ComposedLayout],
         lb_lay: Optional[cute.ComposedLayout],
         epi_tile: cute.Tile,
         m: Int32, n: Int32, tiles_m: Int32, num_tiles: Int32,
@@ -473,8 +480,10 @@ class _Sm100W4A4:
         tCtAcc_fake = tiled_mma.make_fragment_C(cute.append(acc_shape, self.acc_stages))
 
         # LoRA operands: one buffer per tile
-        tLAsA = tLAgA = tLBsB = tLBgB = tCrLA = tCrLB = None
+        tLAsA = tLAgA = tLBsB = tLBgB = tCrLA = tCrLB = lora_mma = None
         if cutlass.const_expr(has_lora):
+            # built here, not passed in: its atom state is not a kernel parameter the launch ABI carries
+            lora_mma = _lora_tiled_mma(self.cfg)
             sLA = st.sLA.get_tensor(la_lay.outer, swizzle=la_lay.inner)
             sLB = st.sLB.get_tensor(lb_lay.outer, swizzle=lb_lay.inner)
             thr_lmma = lora_mma.get_slice(v)
@@ -496,14 +505,6 @@ class _Sm100W4A4:
             t = cluster_id
             while t < num_tiles:
                 mt, nt = plan.tile_coord(t, tiles_m)
-                if cutlass.const_expr(has_lora):
-                    # the LoRA operands of this tile (one buffer; freed by the MMA warp after its last LoRA atom)
-                    lora_pipe.producer_acquire(lora_st)
-                    cute.copy(tma_la, tLAgA[(None, mt, 0, 0)], tLAsA[(None, 0)],
-                              tma_bar_ptr=lora_pipe.producer_get_barrier(lora_st), mcast_mask=mc_a)
-                    cute.copy(tma_lb, tLBgB[(None, nt, 0, 0)], tLBsB[(None, 0)],
-                              tma_bar_ptr=lora_pipe.producer_get_barrier(lora_st), mcast_mask=mc_b)
-                    lora_st.advance()
                 tAgA_t = tAgA[(None, mt, None, 0)]
                 tBgB_t = tBgB[(None, nt, None, 0)]
                 tAgSFA_t = tAgSFA[(None, mt, None, 0)]
@@ -517,6 +518,17 @@ class _Sm100W4A4:
                     cute.copy(tma_sfa, tAgSFA_t[(None, kb)], tAsSFA[(None, s)], tma_bar_ptr=bar, mcast_mask=mc_a)
                     cute.copy(tma_sfb, tBgSFB_t[(None, kb)], tBsSFB[(None, s)], tma_bar_ptr=bar, mcast_mask=mc_sfb)
                     ab_st.advance()
+                    if cutlass.const_expr(has_lora):
+                        if kb == 0:
+                            # this tile's LoRA operands (one buffer), right after its first main k-block; the
+                            # MMA warp frees the buffer after its last LoRA atom (sm100_plan.lora_release_kb)
+                            lora_pipe.producer_acquire(lora_st)
+                            lbar = lora_pipe.producer_get_barrier(lora_st)
+                            cute.copy(tma_la, tLAgA[(None, mt, 0, 0)], tLAsA[(None, 0)], tma_bar_ptr=lbar,
+                                      mcast_mask=mc_a)
+                            cute.copy(tma_lb, tLBgB[(None, nt, 0, 0)], tLBsB[(None, 0)], tma_bar_ptr=lbar,
+                                      mcast_mask=mc_b)
+                            lora_st.advance()
                 t += num_clusters
             ab_pipe.producer_tail(ab_st)
             if cutlass.const_expr(has_lora):
@@ -566,14 +578,14 @@ class _Sm100W4A4:
                         if cutlass.const_expr(has_lora):
                             if kb == 0:
                                 lora_pipe.consumer_wait(lora_st)
-                            lo, hi = plan.lora_slice(kb, num_kb, self.lora_atoms)
+                            lo, hi = plan.lora_slice(kb, num_kb, self.lora_atoms, cutlass.min)
                             for j in cutlass.range(lo, hi, 1, unroll=1):
                                 cute.gemm(lora_mma, tCtAcc, tCrLA[(None, None, j, 0)],
                                           tCrLB[(None, None, j, 0)], tCtAcc)
+                            if lo < hi and hi == self.lora_atoms:
+                                lora_pipe.consumer_release(lora_st)
                     ab_st.advance()
                 if cutlass.const_expr(has_lora):
-                    if is_leader:
-                        lora_pipe.consumer_release(lora_st)
                     lora_st.advance()
                 if is_leader:
                     acc_pipe.producer_commit(acc_st)
@@ -749,12 +761,12 @@ def resolve(arch: str, knobs: dict) -> dict:
         return dict(knobs)
     try:
         cfg = _cfg_of(dict(knobs, ab_stages=2))
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError):   # invalid_reason names the bad knob
         return dict(knobs, ab_stages=2)
     if _shape_problem(cfg) or not all(knobs.get(k) in v for k, v in TUNING.items() if k != "ab_stages"):
         return dict(knobs, ab_stages=2)
     best = _budget_of(cfg)["max_ab_stages"]
-    return dict(knobs, ab_stages=max(best, 1))
+    return dict(knobs, ab_stages=max(best, 2))   # < 2 fit: invalid_reason then rejects 2 with the numbers
 
 
 def invalid_reason(arch: str, knobs: dict) -> Optional[str]:

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: Dynamic SMEM one sm_100 / sm_103 CTA may opt in to (228 KiB per SM minus 1 KiB reserved).
+#: SMEM one sm_100 / sm_103 CTA may opt in to (228 KiB per SM minus 1 KiB reserved), static + dynamic.
 SMEM_LIMIT_BYTES = 227 * 1024
+#: Static SMEM every cubin of this family carries (the DSL's reserved block; a test checks the cubins).
+STATIC_SMEM_BYTES = 1024
 #: Tensor-memory columns per SM (128 lanes x 512 columns of 32 bit).
 TMEM_COLUMNS = 512
 #: Bytes the kernel keeps for mbarriers and the TMEM-pointer slot (generous; measured need < 200 B).
@@ -33,16 +35,26 @@ MAX_AB_STAGES = 8
 # ---------------------------------------------------------------------------
 
 
-def lora_slice(kb, num_kb, lora_atoms):
+def lora_slice(kb, num_kb, lora_atoms, minimum=min):
     """LoRA atoms ``[lo, hi)`` issued right after main k-block `kb` (0 <= kb < num_kb).
 
-    ``lo = kb * L // KB`` and ``hi = (kb + 1) * L // KB`` spread the L atoms
-    evenly over the KB main k-blocks.  The slices telescope, so every atom is
-    issued exactly once for every KB >= 1 and every L >= 0, including L > KB
-    (K < 16 * R / ... : several atoms after one k-block), which a fixed
-    "one LoRA atom every KB // L blocks" rule gets wrong.
+    Front-loaded: ``c = ceil(L / KB)`` atoms after each k-block until all L are issued, i.e.
+    ``[min(kb*c, L), min((kb+1)*c, L))``.  The slices are disjoint and cover ``[0, L)`` because
+    ``KB * c >= L``, so every atom is issued exactly once for every KB >= 1 and L >= 0, including
+    K < 4R (L > KB: several atoms after one k-block), where a rule of "one LoRA atom every KB // L
+    blocks" drops work.  Front-loading frees the single LoRA buffer early in the tile
+    (`lora_release_kb`), so the next tile's LoRA operands load while this tile's main loop runs.
+    `minimum` is ``min`` for Python ints and ``cutlass.min`` in the kernel.
     """
-    return (kb * lora_atoms) // num_kb, ((kb + 1) * lora_atoms) // num_kb
+    c = (lora_atoms + num_kb - 1) // num_kb
+    return minimum(kb * c, lora_atoms), minimum((kb + 1) * c, lora_atoms)
+
+
+def lora_release_kb(num_kb: int, lora_atoms: int) -> int:
+    """The k-block after whose LoRA atoms the LoRA buffer is released: the one whose slice holds the
+    last atom (the kernel tests ``lo < hi == L``, which holds for exactly this kb)."""
+    c = (lora_atoms + num_kb - 1) // num_kb
+    return (lora_atoms - 1) // c
 
 
 def lora_schedule(num_kb: int, lora_atoms: int) -> list[tuple[int, int]]:
@@ -90,8 +102,13 @@ class SmemBytes:
     def fixed(self) -> int:
         return _up(self.lora, self.align) + _up(self.epilogue, self.align) + BARRIER_BYTES
 
-    def total(self, ab_stages: int) -> int:
+    def dynamic(self, ab_stages: int) -> int:
+        """The dynamic SMEM the kernel's shared-storage struct takes."""
         return self.fixed() + _up(self.ab_stage * ab_stages, self.align)
+
+    def total(self, ab_stages: int) -> int:
+        """Dynamic plus the static SMEM of the cubin: what must fit the per-CTA limit."""
+        return self.dynamic(ab_stages) + STATIC_SMEM_BYTES
 
 
 def _up(x: int, a: int) -> int:
@@ -113,7 +130,8 @@ def smem_problem(b: SmemBytes, ab_stages: int, limit: int = SMEM_LIMIT_BYTES) ->
     need = b.total(ab_stages)
     if need > limit:
         return (f"needs {need} B of SMEM ({ab_stages} A/B stages x {b.ab_stage} B + LoRA {b.lora} B + "
-                f"epilogue {b.epilogue} B + barriers {BARRIER_BYTES} B, each buffer aligned to {b.align} B), "
+                f"epilogue {b.epilogue} B + barriers {BARRIER_BYTES} B + static {STATIC_SMEM_BYTES} B, each buffer "
+                f"aligned to {b.align} B), "
                 f"more than the {limit} B an sm_100 CTA may use (at most {max_ab_stages(b, limit)} A/B stages fit)")
     return None
 

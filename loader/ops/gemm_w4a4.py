@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .layouts import SCALE_LAYOUT_BY_ARCH
+from .layouts import SCALE_LAYOUT_BY_ARCH, WEIGHT_FORMAT_BY_ARCH
 from .spec import PTR_ALIGN, Feature, OpSpec
 
 
@@ -91,6 +91,7 @@ class PreparedWeight:
     n: int
     k: int
     rank: int
+    weight_format: str | None = None   # layouts.WEIGHT_FORMAT_BY_ARCH of the arch it was prepared for
 
     def __post_init__(self):
         # what every call reuses: the weight-side pointers in host-argument order, the device
@@ -105,7 +106,8 @@ class PreparedWeight:
         return self.wgt.device
 
 
-def prepare_weight(wgt, wscales, *, lora_up=None, wcscale=None, bias=None) -> PreparedWeight:
+def prepare_weight(wgt, wscales, *, lora_up=None, wcscale=None, bias=None, arch=None) -> PreparedWeight:
+    """Check the weight side once; for an `arch` listed in ``layouts.WEIGHT_FORMAT_BY_ARCH`` also convert it."""
     torch = torch_module()
     check_tensor("wgt", wgt, dtype=torch.uint8, ndim=2)
     n, kh = wgt.shape
@@ -130,7 +132,11 @@ def prepare_weight(wgt, wscales, *, lora_up=None, wcscale=None, bias=None) -> Pr
         wcscale = _as_f32(wcscale)
     if bias is not None:
         bias = _as_f32(bias)
-    return PreparedWeight(wgt, wscales, lora_up, wcscale, bias, n, k, rank)
+    fmt = WEIGHT_FORMAT_BY_ARCH.get(arch)
+    if fmt is not None:
+        import importlib
+        wscales, lora_up = importlib.import_module(f"{__package__}.{fmt}").convert(n, k, wscales, lora_up, wcscale)
+    return PreparedWeight(wgt, wscales, lora_up, wcscale, bias, n, k, rank, fmt)
 
 
 @dataclass(frozen=True)
@@ -162,6 +168,10 @@ def plan_call(arch: str, act, weight: PreparedWeight, ascales, *, lora_act_in=No
         fail(f"ascales has shape {tuple(ascales.shape)} but the {arch} GEMM reads the {layout} scale layout, "
              f"shape {want_shape} for M={m}, K={k}; pass the ascales that quantize_act wrote on this device")
     check_tensor("ascales", ascales, dtype=torch.float8_e4m3fn, ndim=len(want_shape), shape=want_shape)
+    if weight.weight_format != WEIGHT_FORMAT_BY_ARCH.get(arch):
+        fail(f"the weight was prepared for the {weight.weight_format or 'logical'} weight format ('logical' = as given) but the {arch} "
+             f"GEMM reads the {WEIGHT_FORMAT_BY_ARCH.get(arch) or 'logical'} one; prepare it with "
+             f"lib.prepare_weight(...) on this device")
 
     if (lora_act_in is None) != (weight.lora_up is None):
         fail("lora_act_in and lora_up must be given together (got only "
@@ -230,7 +240,8 @@ def fast_args(arch: str, act, weight, ascales, lora_act_in, out, out_dtype):
     one-pass check does not take, such as a tensor subclass).
     """
     T, u8, f8, halves, empty = _fast_consts or _consts()
-    if type(act) is not T or type(ascales) is not T or type(weight) is not PreparedWeight:
+    if type(act) is not T or type(ascales) is not T or type(weight) is not PreparedWeight \
+            or weight.weight_format is not None:
         return None
     if act.dtype is not u8 or ascales.dtype is not f8 or act.dim() != 2:
         return None
