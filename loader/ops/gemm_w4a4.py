@@ -168,10 +168,6 @@ def plan_call(arch: str, act, weight: PreparedWeight, ascales, *, lora_act_in=No
         fail(f"ascales has shape {tuple(ascales.shape)} but the {arch} GEMM reads the {layout} scale layout, "
              f"shape {want_shape} for M={m}, K={k}; pass the ascales that quantize_act wrote on this device")
     check_tensor("ascales", ascales, dtype=torch.float8_e4m3fn, ndim=len(want_shape), shape=want_shape)
-    if weight.weight_format != WEIGHT_FORMAT_BY_ARCH.get(arch):
-        fail(f"the weight was prepared for the {weight.weight_format or 'logical'} weight format ('logical' = as given) but the {arch} "
-             f"GEMM reads the {WEIGHT_FORMAT_BY_ARCH.get(arch) or 'logical'} one; prepare it with "
-             f"lib.prepare_weight(...) on this device")
 
     if (lora_act_in is None) != (weight.lora_up is None):
         fail("lora_act_in and lora_up must be given together (got only "
@@ -194,6 +190,10 @@ def plan_call(arch: str, act, weight: PreparedWeight, ascales, *, lora_act_in=No
     if want is None:
         want = torch.bfloat16
     check_devices(dict(act=act, wgt=weight.wgt, ascales=ascales, lora_act_in=lora_act_in, out=out))
+    if weight.weight_format != WEIGHT_FORMAT_BY_ARCH.get(arch):
+        fail(f"the weight was prepared for the {weight.weight_format or 'logical'} weight format ('logical' = as given) but the {arch} "
+             f"GEMM reads the {WEIGHT_FORMAT_BY_ARCH.get(arch) or 'logical'} one; prepare it with "
+             f"lib.prepare_weight(...) on this device")
     if out is None:
         out = torch.empty((m, n), dtype=want, device=act.device)
     ptrs = dict(
