@@ -50,6 +50,7 @@ import cutlass.utils.blockscaled_layout as blockscaled_utils
 from cutlass import BFloat16, Float16, Float32, Int32
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
 from cutlass.cute.runtime import make_ptr
+from cutlass.tensor_utils import LayoutEnum
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from . import sm100_plan as plan
@@ -130,7 +131,7 @@ def _layouts(cfg: _Cfg, ab_stages: int) -> SimpleNamespace:
     tiler = (cfg.tile_m, cfg.tile_n, kblk)
     tiler_sfb = (sfb_mn[0], sfb_mn[1], kblk)
     cta_tile = (cfg.tile_m // cfg.cta_group, cfg.tile_n, kblk)
-    epi_tile = sm100_utils.compute_epilogue_tile_shape(cta_tile, two, utils.LayoutEnum.ROW_MAJOR, c_dtype)
+    epi_tile = sm100_utils.compute_epilogue_tile_shape(cta_tile, two, LayoutEnum.ROW_MAJOR, c_dtype)
     ns = SimpleNamespace(
         two=two, group=group, c_dtype=c_dtype, tiled_mma=tiled_mma, tiled_mma_sfb=tiled_mma_sfb,
         tiler=tiler, tiler_sfb=tiler_sfb, cta_tile=cta_tile, epi_tile=epi_tile,
@@ -138,7 +139,7 @@ def _layouts(cfg: _Cfg, ab_stages: int) -> SimpleNamespace:
         b=sm100_utils.make_smem_layout_b(tiled_mma, tiler, _AB, ab_stages),
         sfa=blockscaled_utils.make_smem_layout_sfa(tiled_mma, tiler, _SF_VEC, ab_stages),
         sfb=blockscaled_utils.make_smem_layout_sfb(tiled_mma, tiler, _SF_VEC, ab_stages),
-        c=sm100_utils.make_smem_layout_epi(c_dtype, utils.LayoutEnum.ROW_MAJOR, epi_tile, _C_STAGES),
+        c=sm100_utils.make_smem_layout_epi(c_dtype, LayoutEnum.ROW_MAJOR, epi_tile, _C_STAGES),
         sfa_cols=(cta_tile[0] // 32) * 4,
         sfb_cols=(sfb_mn[1] // 32) * 4,
     )
@@ -600,7 +601,7 @@ class _Sm100W4A4:
             acc_ptr = tmem.retrieve_ptr(Float32)
             tCtAcc_base = cute.make_tensor(acc_ptr, tCtAcc_fake.layout)
 
-            t2r_atom = sm100_utils.get_tmem_load_op(L.cta_tile, utils.LayoutEnum.ROW_MAJOR, self.c_dtype,
+            t2r_atom = sm100_utils.get_tmem_load_op(L.cta_tile, LayoutEnum.ROW_MAJOR, self.c_dtype,
                                                      Float32, epi_tile, two)
             tAcc_epi = cute.flat_divide(tCtAcc_base[((None, None), 0, 0, None)], epi_tile)
             t2r = tcgen05.make_tmem_copy(t2r_atom, tAcc_epi[(None, None, 0, 0, 0)])
@@ -615,7 +616,7 @@ class _Sm100W4A4:
             tTR_cC_all = thr_t2r.partition_D(cute.flat_divide(tCcC[((None, None), 0, 0, None, None, None)], epi_tile))
 
             tTR_rC = cute.make_rmem_tensor(tTR_rAcc.shape, self.c_dtype)
-            r2s_atom = sm100_utils.get_smem_store_op(utils.LayoutEnum.ROW_MAJOR, self.c_dtype, Float32, t2r)
+            r2s_atom = sm100_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, self.c_dtype, Float32, t2r)
             r2s = cute.make_tiled_copy_D(r2s_atom, t2r)
             thr_r2s = r2s.get_slice(tidx)
             tRS_sC = thr_r2s.partition_D(sC)
