@@ -401,7 +401,7 @@ class _Sm100W4A4:
         cluster_id = bidx // self.cs
         num_clusters = gdim // self.cs
 
-        smem = utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         st = smem.allocate(self.shared_storage)
 
         consumer_arrivals = 1  # A and B are not multicast (cluster is cs x 1)
@@ -425,7 +425,7 @@ class _Sm100W4A4:
                 consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_arrivals),
                 tx_count=self.lora_tx, cta_layout_vmnk=cluster_vmnk, defer_sync=True,
             )
-        tmem = utils.TmemAllocator(
+        tmem = cutlass.memory.TmemAllocator(
             st.tmem_holder.ptr, barrier_for_retrieve=self.tmem_sync, allocator_warp_id=_EPI_WARPS[0],
             is_two_cta=two, two_cta_tmem_dealloc_mbar_ptr=st.tmem_dealloc.ptr,
         )
