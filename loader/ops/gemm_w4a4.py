@@ -165,8 +165,11 @@ def plan_call(arch: str, act, weight: PreparedWeight, ascales, *, lora_act_in=No
     layout = SCALE_LAYOUT_BY_ARCH.get(arch, "logical")
     want_shape = scale_shape(layout, m, k)
     if isinstance(ascales, torch.Tensor) and tuple(ascales.shape) != want_shape:
+        hint = ("; logical [M, K/16] scales convert with svdq_loader.ops.blackwell_weight.to_blocked_scales"
+                if layout == "blocked" else "")
         fail(f"ascales has shape {tuple(ascales.shape)} but the {arch} GEMM reads the {layout} scale layout, "
-             f"shape {want_shape} for M={m}, K={k}; pass the ascales that quantize_act wrote on this device")
+             f"shape {want_shape} for M={m}, K={k}; pass the ascales that quantize_act wrote on this device"
+             + hint)
     check_tensor("ascales", ascales, dtype=torch.float8_e4m3fn, ndim=len(want_shape), shape=want_shape)
 
     if (lora_act_in is None) != (weight.lora_up is None):
