@@ -528,7 +528,8 @@ class _Sm100W4A4:
                                       mcast_mask=mc_a)
                             cute.copy(tma_lb, tLBgB[(None, nt, 0, 0)], tLBsB[(None, 0)], tma_bar_ptr=lbar,
                                       mcast_mask=mc_b)
-                            lora_st.advance()
+                if cutlass.const_expr(has_lora):
+                    lora_st.advance()   # outside the dynamic `if`: pipeline states only change at loop level
                 t += num_clusters
             ab_pipe.producer_tail(ab_st)
             if cutlass.const_expr(has_lora):
