@@ -1,14 +1,16 @@
 """Trace-time decisions of the sm_100a/sm_103a W4A4 GEMM, as plain functions (no DSL import).
 
 The kernel calls the integer functions below on DSL ``Int32`` values (they use
-only ``+ - * // %`` and comparisons, which both Python ints and the DSL's
-integers support); the CPU tests call them on Python ints and prove coverage.
+only ``+ - * // %`` and a `minimum` it passes in, which Python ints and the
+DSL's integers both support); the CPU tests call them on Python ints and
+prove coverage.
 
 * `lora_slice` -- which LoRA atoms are issued after main k-block ``kb``.
 * `tile_coord` / `tiles_of_cluster` -- the static persistent tile scheduler.
 * `persistent_clusters` -- the grid, from the device's SM count at launch.
-* `solve_ab_stages` / `tmem_columns` -- the SMEM and TMEM budgets, fed with
-  byte counts that the kernel module measures from the real layouts.
+* `SmemBytes` / `max_ab_stages` / `smem_problem` and `tmem_columns` / `tmem_problem` -- the
+  SMEM and TMEM budgets, fed with byte counts that the kernel module measures from the real
+  layouts (``cute.cosize``).
 """
 from __future__ import annotations
 
@@ -53,6 +55,8 @@ def lora_slice(kb, num_kb, lora_atoms, minimum=min):
 def lora_release_kb(num_kb: int, lora_atoms: int) -> int:
     """The k-block after whose LoRA atoms the LoRA buffer is released: the one whose slice holds the
     last atom (the kernel tests ``lo < hi == L``, which holds for exactly this kb)."""
+    if lora_atoms < 1 or num_kb < 1:
+        raise ValueError(f"no LoRA buffer to release with {lora_atoms} LoRA atoms and {num_kb} k-blocks")
     c = (lora_atoms + num_kb - 1) // num_kb
     return (lora_atoms - 1) // c
 

@@ -44,6 +44,8 @@ def test_rank_zero_schedule_is_empty_and_k_blocks_must_exist():
     assert P.lora_schedule(5, 0) == [(0, 0)] * 5
     with pytest.raises(ValueError, match="at least one main k-block"):
         P.lora_schedule(0, 2)
+    with pytest.raises(ValueError, match="no LoRA buffer to release with 0 LoRA atoms"):
+        P.lora_release_kb(4, 0)
 
 
 def test_lora_slice_with_an_injected_minimum_matches():
