@@ -7,9 +7,10 @@ The spec (`SPEC`) is pure Python.  The torch-facing part (`prepare_weight`,
 touches the GPU.  Logical layouts:
 
     act      [M, K/2]  uint8 (two E2M1 nibbles, low = even k)
-    ascales  [M, K/16] float8_e4m3fn (layout "logical"; see layouts.py)
+    ascales  [M, K/16] float8_e4m3fn (layout "logical"; "blocked" on Blackwell, see layouts.py)
     wgt      [N, K/2]  uint8
-    wscales  [N, K/16] float8_e4m3fn
+    wscales  [N, K/16] float8_e4m3fn (prepare_weight converts it, and lora_up, into the weight format
+                                      of the arch: layouts.WEIGHT_FORMAT_BY_ARCH)
     lora_act_in [M, R], lora_up [N, R]   fp16 or bf16 (= output dtype)
     wcscale, bias [N]  any float dtype (used as float32)
     out      [M, N]    fp16 or bf16, row-major
