@@ -72,6 +72,8 @@ def test_table_and_report_with_a_stubbed_gpu(monkeypatch, capsys):
 
     def fake_run(lib, entry, case, ordinal, base):
         seen.append((entry.name, case.kwargs["m"], base))
+        if case.kwargs["k"] == 256:
+            raise RuntimeError("launch refused")
         bad = case.kwargs["m"] == 1
         return CaseResult(not bad, f"case m={case.kwargs['m']}", 0.5 if bad else 1e-3, 1e-2, 12e-6,
                           ["relative error 5.000e-01 > 1e-02"] if bad else [])
@@ -81,13 +83,16 @@ def test_table_and_report_with_a_stubbed_gpu(monkeypatch, capsys):
     assert [s[0] for s in seen] == ["svdq_gemm_a"] * 3 and all(s[2] == 7 for s in seen)   # only this arch
     assert "selftest: Fake H200 (sm_90a), 1 variant(s), 3 case(s), base seed 7" in out
     assert re.search(r"^FAIL +svdq_gemm_a +M=1 N=256 K=64 +5.00e-01 +1e-02 +12.0 us$", out, re.M), out
-    assert len(re.findall(r"^PASS +svdq_gemm_a ", out, re.M)) == 2
+    assert len(re.findall(r"^PASS +svdq_gemm_a ", out, re.M)) == 1
     assert "FAIL svdq_gemm_a: case m=1: relative error 5.000e-01 > 1e-02" in out
-    assert out.strip().endswith("2 passed, 1 failed")
+    assert out.strip().endswith("1 passed, 2 failed")
+    assert re.search(r"^FAIL +svdq_gemm_a +M=205 N=256 K=256 +- +- +-$", out, re.M), out
+    assert "FAIL svdq_gemm_a: RuntimeError: launch refused" in out
     assert S.main(["arts", "--json", "--seed", "7"]) == 1
     rep = json.loads(capsys.readouterr().out)
     assert rep["status"] == "failed" and rep["arch"] == "sm_90a" and len(rep["cases"]) == 3
-    assert [c["status"] for c in rep["cases"]].count("PASS") == 2
+    assert [c["status"] for c in rep["cases"]].count("PASS") == 1
+    assert rep["cases"][1]["error"] is None and rep["cases"][1]["detail"] == "RuntimeError: launch refused"
     # a GPU whose arch the artifacts do not cover: explained, not failed
     monkeypatch.setattr(driver, "device_arch", lambda i: "sm_120a")
     assert S.main(["arts"]) == 0

@@ -68,10 +68,19 @@ def run_case(lib, entry, case: Case, ordinal: int, base_seed: int):
     return res
 
 
+def _num(x):
+    """A float for the report, None where there is no number (JSON has no NaN)."""
+    return None if x is None or math.isnan(x) else float(x)
+
+
+def _fmt(x, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
 def format_table(rows: list[dict]) -> str:
     """Fixed-width table: status, variant, case, error / tolerance, GPU time."""
     head = ("status", "variant", "case", "error", "tol", "time")
-    body = [(r["status"], r["variant"], r["case"], f"{r['error']:.2e}", f"{r['tol']:.0e}",
+    body = [(r["status"], r["variant"], r["case"], _fmt(r["error"], ".2e"), _fmt(r["tol"], ".0e"),
              "-" if r["seconds"] is None else f"{r['seconds'] * 1e6:.1f} us") for r in rows]
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
     line = lambda cols: "  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip()  # noqa: E731
@@ -129,12 +138,13 @@ def main(argv=None) -> int:
                 ok, err, tol, secs, msg = False, float("nan"), float("nan"), float("nan"), \
                     f"{type(ex).__name__}: {ex}"
             rows.append(dict(status="PASS" if ok else "FAIL", variant=e.name, op=e.op, case=_short_case(case),
-                             error=err, tol=tol, seconds=None if math.isnan(secs) else secs, detail=msg))
+                             error=_num(err), tol=_num(tol), seconds=_num(secs), detail=msg))
     failed = sum(r["status"] == "FAIL" for r in rows)
     dev = torch.cuda.get_device_name(ordinal)
     if a.json:
         print(json.dumps({"status": "failed" if failed else "passed", "device": dev, "arch": arch,
-                          "artifacts": str(a.artifacts), "base_seed": base, "cases": rows}, indent=1))
+                          "artifacts": str(a.artifacts), "base_seed": base, "cases": rows}, indent=1,
+                         allow_nan=False))
     else:
         print(f"selftest: {dev} ({arch}), {len(entries)} variant(s), {len(rows)} case(s), base seed {base}")
         print(format_table(rows))
