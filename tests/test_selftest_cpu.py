@@ -97,3 +97,30 @@ def test_table_and_report_with_a_stubbed_gpu(monkeypatch, capsys):
     monkeypatch.setattr(driver, "device_arch", lambda i: "sm_120a")
     assert S.main(["arts"]) == 0
     assert "holds no variants for this GPU's arch sm_120a (built for sm_100a, sm_90a)" in capsys.readouterr().out
+
+
+def test_pinning_key_is_the_one_a_call_looks_up(monkeypatch):
+    """selftest pins a variant by seeding the library's (op, device, features, dims) cache; the key must be
+    the one plan_call's features and dims give, or the pin would silently not apply."""
+    from svdq_loader.ops import gemm_w4a4 as gemm_op
+    from svdq_loader.ops import quantize_act as quant_op
+    monkeypatch.setattr(gemm_op, "check_devices", lambda named: None)
+    monkeypatch.setattr(quant_op, "check_devices", lambda named: None)
+    m, n, k, r = 77, 256, 512, 32
+    g = torch.Generator().manual_seed(2)
+    w = gemm_op.prepare_weight(torch.zeros(n, k // 2, dtype=torch.uint8),
+                               torch.ones(n, k // 16).to(torch.float8_e4m3fn),
+                               lora_up=torch.randn(n, r, generator=g).to(torch.float16),
+                               wcscale=torch.rand(n, generator=g) + 0.5, arch="sm_100a")
+    from svdq_loader.ops.blackwell_weight import to_blocked_scales
+    call = gemm_op.plan_call("sm_100a", torch.zeros(m, k // 2, dtype=torch.uint8), w,
+                             to_blocked_scales(torch.ones(m, k // 16).to(torch.float8_e4m3fn)),
+                             lora_act_in=torch.zeros(m, r, dtype=torch.float16))
+    knobs = dict(out_dtype="fp16", rank=r, wcscale=True, bias=False, scale_layout="blocked", cta_group=2,
+                 tile_m=256, tile_n=128, ab_stages=5)
+    case = S.Case("gemm_w4a4", dict(m=m, n=n, k=k))
+    assert S._features("gemm_w4a4", knobs) == call.features
+    assert S._dims("gemm_w4a4", case.kwargs) == (("m", call.m), ("n", call.n), ("k", call.k))
+    qcall = quant_op.plan_call("sm_90a", torch.zeros(m, k, dtype=torch.bfloat16))
+    assert S._features("quantize_act", dict(dtype="bf16", rank=0, scale_layout="logical", warps=4)) == qcall.features
+    assert S._dims("quantize_act", dict(m=m, k=k)) == (("m", qcall.m), ("k", qcall.k))
