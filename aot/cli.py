@@ -1,4 +1,4 @@
-"""`svdq-aot` command line: build, variants, verify, select, bench.
+"""`svdq-aot` command line: build, variants, verify, select, bench, selftest.
 
 `bench` forwards its arguments to `svdq_loader.testing.bench` (which needs
 torch and a GPU, not the DSL); `svdq-aot bench --help` lists its options.
@@ -129,6 +129,15 @@ def bench(ctx: click.Context) -> None:
     """Benchmark both operators on this machine's GPU against same-run baselines (`bench --help`)."""
     from svdq_loader.testing.bench import main as bench_main
     ctx.exit(bench_main(ctx.args))
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                                 "help_option_names": []})
+@click.pass_context
+def selftest(ctx: click.Context) -> None:
+    """Check every variant built for this GPU against the float64 reference (`selftest --help`)."""
+    from svdq_loader.testing.selftest import main as selftest_main
+    ctx.exit(selftest_main(ctx.args))
 
 
 if __name__ == "__main__":  # pragma: no cover

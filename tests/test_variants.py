@@ -201,6 +201,9 @@ def test_real_registry_flux_enumerates():
         assert isinstance(r, str) and r
     ops = {(x.op, x.arch) for x in valid}
     assert {("gemm_w4a4", "sm_90a"), ("quantize_act", "sm_90a"), ("quantize_act", "sm_100a"),
-            ("quantize_act", "sm_103a")} <= ops
-    assert sum(x.op == "gemm_w4a4" for x in valid) == 2 * 6 * 2 * 2
+            ("quantize_act", "sm_103a"), ("gemm_w4a4", "sm_100a"), ("gemm_w4a4", "sm_103a")} <= ops
+    # one tile per arch: every (out_dtype, rank, wcscale, bias) combination, on three archs
+    assert sum(x.op == "gemm_w4a4" for x in valid) == 3 * 2 * 6 * 2 * 2
+    bw = [x for x in valid if x.op == "gemm_w4a4" and x.arch != "sm_90a"]
+    assert all(dict(x.knobs)["cta_group"] == 2 and dict(x.knobs)["ab_stages"] >= 4 for x in bw)
     check_coverage(cfg, valid, rejected)

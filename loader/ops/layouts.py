@@ -22,6 +22,14 @@ SCALE_LAYOUT_BY_ARCH = {
 }
 SCALE_LAYOUTS = ("logical", "blocked")
 
+#: Weight-format converters by arch: a module under ``svdq_loader.ops`` whose ``convert(n, k, wscales,
+#: lora_up, wcscale)`` returns the (wscales, lora_up) the arch's GEMM reads; archs not listed read the
+#: logical form as given.
+WEIGHT_FORMAT_BY_ARCH = {
+    "sm_100a": "blackwell_weight",
+    "sm_103a": "blackwell_weight",
+}
+
 
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
