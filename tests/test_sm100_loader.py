@@ -60,6 +60,7 @@ def _lib(mixed, monkeypatch, arch):
     import svdq_loader
     from svdq_loader import driver
     monkeypatch.setattr(driver, "device_arch", lambda ordinal: arch)
+    monkeypatch.setattr(driver, "driver_version", lambda: 13000)      # a CUDA 13.0 driver
     monkeypatch.setattr(driver, "device_attribute", lambda attr, ordinal: 232448 if attr == driver.MAX_SMEM_OPTIN
                         else 132)
     _FakeDK.loads = []
@@ -99,7 +100,7 @@ def test_sm90_device_refuses_sm100_variants_and_selects_sm90(mixed, monkeypatch)
 
 def test_sm100_device_selects_sm100_variants(mixed, monkeypatch):
     lib = _lib(mixed, monkeypatch, "sm_100a")
-    e = lib.explain("gemm_w4a4", "sm_100a", ("bf16", 32, True, True, "blocked"), m=4608, n=256, k=512)
+    e = lib.choose("gemm_w4a4", "sm_100a", ("bf16", 32, True, True, "blocked"), m=4608, n=256, k=512)
     assert (e.arch, e.knobs["cta_group"], e.knobs["tile_m"], e.knobs["rank"]) == ("sm_100a", 2, 256, 32)
     assert e.knobs["ab_stages"] >= 4
     with pytest.raises(UnsupportedProblem, match=r"K=640 is not a multiple of 256"):
