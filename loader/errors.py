@@ -28,5 +28,13 @@ class TorchMissing(ImportError):
     """An operator was called but torch is not installed."""
 
 
+class ArtifactsNotFound(ArtifactError):
+    """`load()` with no path found no artifacts; the message lists every place it searched."""
+
+
+class IncompatibleArtifacts(ManifestError):
+    """An installed artifact package was built for a loader version range this loader is outside of."""
+
+
 __all__ = ["InvalidArgument", "UnsupportedProblem", "DeviceMismatch", "LaunchRefused", "CaptureError",
-           "TorchMissing", "ArtifactError", "ArtifactIntegrityError", "ManifestError"]
+           "TorchMissing", "ArtifactsNotFound", "IncompatibleArtifacts", "ArtifactError", "ArtifactIntegrityError", "ManifestError"]
