@@ -15,7 +15,10 @@ from svdq_aot.build import BuildError, build, build_set
 from svdq_aot.cli import main
 from svdq_loader.manifest import MANIFEST_NAME, read_manifest
 from fakes import install_fake, make_gemm_family, make_quant_family
-from test_build import CFG, fake, cfg, listing  # noqa: F401  (fixtures)
+import test_build as TB
+
+CFG, listing = TB.CFG, TB.listing
+fake, cfg = TB.fake, TB.cfg            # the fixtures of test_build
 
 
 # --------------------------------------------------------------------------

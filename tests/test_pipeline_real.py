@@ -1,0 +1,135 @@
+"""The real pipeline on configs/tiny.yaml (the DSL cross-compiles on the CPU): reproducibility, signals.
+
+* two clean builds (cold caches) at -j 1 and -j 2, and shard 1/2 + 2/2 merged, give byte-identical
+  manifests, cubins and host programs; a no-op rebuild compiles nothing;
+* SIGKILL of a -j 2 build leaves no compile worker running; SIGINT exits 130, writes no manifest,
+  leaves no worker, and the next build resumes from the cache.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from svdq_aot import artifacts as A
+from svdq_aot.build import build_set
+from svdq_aot.cache import VariantCache
+from svdq_aot.merge import merge
+from svdq_aot.errors import MergeError
+from svdq_loader.manifest import MANIFEST_NAME
+from svdq_loader.verify import open_artifacts
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "configs" / "tiny.yaml"
+
+pytestmark = pytest.mark.skipif(__import__("importlib.util").util.find_spec("cutlass") is None,
+                                reason="nvidia-cutlass-dsl is not installed")
+
+
+def _artifact_bytes(d: Path) -> dict[str, bytes]:
+    """Everything the reproducibility promise covers (the build record and report are excluded by name)."""
+    return {p.name: p.read_bytes() for p in d.iterdir()
+            if p.name == MANIFEST_NAME or p.name.endswith((".cubin", ".host.json"))}
+
+
+def test_reproducible_across_jobs_cache_and_shards(tmp_path):
+    a = build_set(TINY, tmp_path / "j1", jobs=1, cache_dir=tmp_path / "c1")
+    b = build_set(TINY, tmp_path / "j2", jobs=2, cache_dir=tmp_path / "c2")
+    assert a.compiled == b.compiled == 4 and a.hits == b.hits == 0
+    ref = _artifact_bytes(tmp_path / "j1")
+    assert len(ref) == 9 and _artifact_bytes(tmp_path / "j2") == ref
+
+    s1 = build_set(TINY, tmp_path / "s1", jobs=1, shard=(1, 2), cache_dir=tmp_path / "c3")
+    s2 = build_set(TINY, tmp_path / "s2", jobs=1, shard=(2, 2), cache_dir=tmp_path / "c3")
+    assert s1.compiled == s2.compiled == 2
+    assert {v.name for v in s1.manifest.variants}.isdisjoint(v.name for v in s2.manifest.variants)
+    merge(tmp_path / "merged", [tmp_path / "s2", tmp_path / "s1"])
+    assert _artifact_bytes(tmp_path / "merged") == ref
+    open_artifacts(tmp_path / "merged")
+    with pytest.raises(MergeError, match=r"missing shard\(s\) 2/2"):
+        merge(tmp_path / "m2", [tmp_path / "s1"])
+    with pytest.raises(MergeError, match="not the output of a complete `svdq-aot build --shard"):
+        merge(tmp_path / "m3", [tmp_path / "s1", tmp_path / "j1"])
+
+    t0 = time.perf_counter()
+    again = build_set(TINY, tmp_path / "j1", jobs=2, cache_dir=tmp_path / "c1")   # no-op rebuild
+    assert again.compiled == 0 and again.hits == 4 and time.perf_counter() - t0 < 20
+    assert _artifact_bytes(tmp_path / "j1") == ref
+    rec = A.read_record(tmp_path / "j1")
+    assert rec["complete"] and rec["build"]["jobs"] == 2 and set(rec["variants"]) == {
+        v.name for v in again.manifest.variants}
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                st = f.read()
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if int(st.rsplit(")", 1)[1].split()[1]) == pid and b"spawn_main" in cmd:
+            out.append(int(d))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _start_build(tmp_path: Path, out: Path) -> tuple[subprocess.Popen, list[int]]:
+    env = dict(os.environ, SVDQ_AOT_CACHE=str(tmp_path / "cache"))
+    p = subprocess.Popen([sys.executable, "-m", "svdq_aot.cli", "build", str(TINY), "-o", str(out), "-j", "2"],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    t0 = time.time()
+    kids: list[int] = []
+    while time.time() - t0 < 60 and len(kids) < 2:
+        kids = _children(p.pid)
+        time.sleep(0.1)
+    assert len(kids) == 2, "the build did not start two compile workers"
+    time.sleep(1.0)                       # the workers are compiling now
+    return p, kids
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_sigkill_leaves_no_orphan_workers(tmp_path):
+    out = tmp_path / "art"
+    p, kids = _start_build(tmp_path, out)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline and any(_alive(k) for k in kids):
+        time.sleep(0.1)
+    assert not any(_alive(k) for k in kids), "compile workers outlived their killed parent"
+    assert not (out / MANIFEST_NAME).exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_sigint_exits_130_and_the_next_build_resumes(tmp_path):
+    out = tmp_path / "art"
+    p, kids = _start_build(tmp_path, out)
+    os.killpg(p.pid, signal.SIGINT)                   # what Ctrl-C does: the whole process group
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert "Interrupted" in err and "Traceback" not in err
+    time.sleep(0.5)
+    assert not any(_alive(k) for k in kids)
+    assert not (out / MANIFEST_NAME).exists()
+    cached = VariantCache(tmp_path / "cache").size()[0]
+    res = build_set(TINY, out, jobs=1, cache_dir=tmp_path / "cache")
+    assert res.hits == cached and res.compiled == 4 - cached
+    open_artifacts(out)
