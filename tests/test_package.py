@@ -160,6 +160,11 @@ def test_wheel_contents_metadata_and_reproducibility(tiny_artifacts, tmp_path):
     assert all(n in record for n in names)
 
 
+def _have(mod: str) -> bool:
+    import importlib.util
+    return importlib.util.find_spec(mod) is not None
+
+
 def _runtime_distributions() -> list[md.Distribution]:
     """svdq-aot's runtime requirements, transitively, as installed here (extras skipped)."""
     try:
@@ -204,8 +209,12 @@ def _link_distributions(dists, target: Path) -> list[str]:
 def test_wheel_installs_into_a_fresh_venv_without_the_dsl(tiny_artifacts, tmp_path):
     p = package(tiny_artifacts, tmp_path / "dist", name="svdq-kernels-ci")
     wheels = tmp_path / "wheels"
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+    # Offline when this environment has setuptools (it is the build backend); else pip fetches it.
+    isolation = ["--no-build-isolation"] if _have("setuptools") else []
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation,
                         "-w", str(wheels), str(ROOT)], capture_output=True, text=True, timeout=300)
+    if r.returncode != 0 and not isolation and "No matching distribution" in r.stderr:
+        pytest.skip("no setuptools here and no package index reachable to build svdq-aot's wheel")
     assert r.returncode == 0, r.stderr[-2000:]
     ours = sorted(wheels.glob("svdq_aot-*.whl"))
     assert ours, list(wheels.iterdir())

@@ -133,3 +133,28 @@ def test_sigint_exits_130_and_the_next_build_resumes(tmp_path):
     res = build_set(TINY, out, jobs=1, cache_dir=tmp_path / "cache")
     assert res.hits == cached and res.compiled == 4 - cached
     open_artifacts(out)
+
+
+def test_verify_reports_unlisted_files_and_refuses_what_load_refuses(tiny_artifacts, tmp_path):
+    import json
+    import shutil
+    from click.testing import CliRunner
+    from svdq_aot.cli import main
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_artifacts, copy)
+    (copy / "stray.cubin").write_bytes(b"\x7fELF")
+    (copy / "notes").mkdir()
+    r = CliRunner().invoke(main, ["verify", str(copy)])
+    assert r.exit_code == 0 and "unlisted: stray.cubin" in r.output and "unlisted: notes/" in r.output
+    assert "build-report.md" not in r.output           # the build's own report is listed by its record
+    r = CliRunner().invoke(main, ["verify", str(copy), "--strict", "--json"])
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 1 and doc["ok"] is False and doc["unlisted"] == ["notes/", "stray.cubin"]
+    # a host program load() rejects is rejected by verify too (the one shared check)
+    host = sorted(copy.glob("*.host.json"))[0]
+    host.write_text(host.read_text().replace('"', "'", 1))
+    r = CliRunner().invoke(main, ["verify", str(copy), "--json"])
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 1 and doc["ok"] is False and host.name in doc["error"]
+    with pytest.raises(Exception, match=host.name):
+        __import__("svdq_loader").load(str(copy))
