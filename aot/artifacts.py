@@ -274,7 +274,7 @@ class ArtifactDir:
         atomic_write_bytes(self.dir / RECORD_NAME, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
 
     def commit(self, files: dict[str, bytes], manifest: Manifest, *, extra: dict[str, bytes] | None = None,
-               record: dict | None = None) -> None:
+               record: dict | None = None, manifest_text: str | None = None) -> None:
         """Write `files`, the manifest, `extra` files and the record; then remove what we no longer write."""
         if self._lock_fd is None:
             raise RuntimeError("ArtifactDir.commit outside its `with` block")
@@ -312,7 +312,7 @@ class ArtifactDir:
             self.written.append(name)
 
         # 3. The manifest, last of the artifacts; then the extras.
-        atomic_write_bytes(self.dir / MANIFEST_NAME, manifest.to_json().encode())
+        atomic_write_bytes(self.dir / MANIFEST_NAME, (manifest_text or manifest.to_json()).encode())
         for name in sorted(extra):
             atomic_write_bytes(self.dir / name, extra[name])
 

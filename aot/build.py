@@ -385,13 +385,13 @@ def build_set(config_path: str | Path, out_dir: str | Path, *, jobs: int = 1,
         rejected = list(plan.rejected) + [(v, f"compile failed: {failed[v]}") for v in mine if v in failed]
         if failed:
             check_coverage(config, [v for v in plan.valid if v not in failed], rejected)
-        manifest = _manifest(config, results, rejected)
+        manifest, text = _manifest(config, results, rejected)
         wall = time.perf_counter() - t0
         record = {
             "config": {"name": config.name, "file": config.file_name, "sha256": config.sha256},
             "shard": list(shard) if shard else None,
             "all_variants": [v.name for v in plan.valid],
-            "manifest_sha256": sha256_bytes(manifest.to_json().encode()),
+            "manifest_sha256": sha256_bytes(text.encode()),
             "build": {"started_utc": started, "wall_seconds": round(wall, 2), "jobs": jobs,
                       "cpus": os.cpu_count(), "load_average": _loadavg(), "host": platform.node(),
                       "cache_dir": str(root) if root else None},
@@ -406,9 +406,8 @@ def build_set(config_path: str | Path, out_dir: str | Path, *, jobs: int = 1,
         extra = {}
         if report:
             extra[REPORT_NAME] = render_report(manifest, record).encode()
-        ad.commit(files, manifest, extra=extra, record=record)
-    final = Manifest.from_json(manifest.to_json(), source=str(out / "manifest.json"))
-    return BuildResult(final, results, {v.name: m for v, m in failed.items()}, wall, record, out)
+        ad.commit(files, manifest, extra=extra, record=record, manifest_text=text)
+    return BuildResult(dataclasses.replace(manifest, source=str(out / "manifest.json")), results, {v.name: m for v, m in failed.items()}, wall, record, out)
 
 
 def _loadavg() -> list[float] | None:
@@ -418,18 +417,19 @@ def _loadavg() -> list[float] | None:
         return None
 
 
-def _manifest(config, results: list[CompileResult], rejected: list[tuple[Variant, str]]) -> Manifest:
+def _manifest(config, results: list[CompileResult], rejected: list[tuple[Variant, str]]) -> tuple[Manifest, str]:
+    """The manifest and its JSON text, read back as the loader would read it."""
     manifest = Manifest(
         schema_version=SCHEMA_VERSION, generator=_generator(),
         config=ConfigRef(name=config.name, sha256=config.sha256, file=config.file_name),
         shapes=tuple(Shape(name=s.name, k=s.k, n=s.n) for s in config.shapes),
         variants=tuple(_entry(r) for r in results),
         rejected=tuple(RejectedEntry(name=v.name, reason=r) for v, r in rejected))
-    try:  # never write a manifest the loader would refuse
-        Manifest.from_json(manifest.to_json(), source="(manifest being built)")
+    text = manifest.to_json()
+    try:  # never write a manifest the loader would refuse; return what it reads
+        return Manifest.from_json(text, source="(manifest being built)"), text
     except ManifestError as e:
         raise BuildError(f"internal: the manifest would not validate: {e}") from e
-    return manifest
 
 
 def build(config_path: str | Path, out_dir: str | Path, *, jobs: int = 1,

@@ -77,15 +77,24 @@ def dsl_version() -> str:
 # What a variant depends on
 # --------------------------------------------------------------------------
 
-def _file_digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+_SCANNED: dict[tuple[Path, int, int, str], tuple[str, list[Path]]] = {}
 
 
-def _local_imports(path: Path, package: str) -> list[Path]:
-    """Files of modules in `package` (the folder of `path`) that `path` imports."""
+def _scan(path: Path, package: str) -> tuple[str, list[Path]]:
+    """(sha256 of `path`, the files of `package` it imports); remembered per (path, mtime, size)."""
+    st = path.stat()
+    key = (path, st.st_mtime_ns, st.st_size, package)
+    if key not in _SCANNED:
+        data = path.read_bytes()
+        _SCANNED[key] = (hashlib.sha256(data).hexdigest(), _local_imports(path, package, data))
+    return _SCANNED[key]
+
+
+def _local_imports(path: Path, package: str, data: bytes) -> list[Path]:
+    """Files of modules in `package` (the folder of `path`) that `path` (with bytes `data`) imports."""
     try:
-        tree = ast.parse(path.read_bytes(), filename=str(path))
-    except (OSError, SyntaxError):
+        tree = ast.parse(data, filename=str(path))
+    except SyntaxError:
         return []
     folder = path.parent
     names: list[str] = []
@@ -125,8 +134,8 @@ def family_sources(family: Any) -> dict[str, str]:
         p = todo.pop()
         if p in seen or not p.is_file():
             continue
-        seen[p] = _file_digest(p)
-        todo += _local_imports(p, package)
+        seen[p], imports = _scan(p, package)
+        todo += imports
     return {str(p.relative_to(root.parent)) if p.is_relative_to(root.parent) else p.name: d
             for p, d in sorted(seen.items())}
 
