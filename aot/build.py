@@ -38,14 +38,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from svdq_loader.manifest import (
-    SCHEMA_VERSION, ConfigRef, Generator, HostProgram, Manifest, ManifestError, ParamInfo,
-    RejectedEntry, Resources, Shape, VariantEntry,
+    MANIFEST_NAME, SCHEMA_VERSION, ArtifactError, ConfigRef, Generator, HostProgram, Manifest, ManifestError,
+    ParamInfo, RejectedEntry, Resources, Shape, VariantEntry, read_artifacts, read_manifest,
 )
 from svdq_loader.ops import op_spec
 
 from . import __version__
-from .artifacts import ArtifactDir, sha256_bytes
-from .cache import VariantCache, default_root, dsl_version, variant_key
+from .artifacts import ArtifactDir, read_record, sha256_bytes
+from .cache import VariantCache, build_fingerprint, default_root, dsl_version, variant_key
 from .errors import BuildError, NeedsConfirmation, PlanError
 from .pool import Outcome, peak_rss_mb, run_pool
 from .progress import LineProgress, Progress
@@ -254,9 +254,12 @@ class BuildResult:
     wall_seconds: float = 0.0
     record: dict = field(default_factory=dict)
     out_dir: Path = Path(".")
+    up_to_date: bool = False                   # nothing to do: the folder already held this build
 
     @property
     def hits(self) -> int:
+        if self.up_to_date:
+            return len(self.manifest.variants)
         return sum(r.cache == "hit" for r in self.results)
 
     @property
@@ -335,6 +338,12 @@ def build_set(config_path: str | Path, out_dir: str | Path, *, jobs: int = 1,
     """
     t0 = time.perf_counter()
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    fingerprint = build_fingerprint(config_path, shard)
+    if fingerprint is not None:
+        same = _already_built(Path(out_dir), fingerprint, force)
+        if same is not None:
+            return BuildResult(same, [], {}, time.perf_counter() - t0, read_record(out_dir) or {}, Path(out_dir),
+                               up_to_date=True)
     plan = plan_build(config_path)
     problem = plan.problem()
     if problem:
@@ -392,6 +401,7 @@ def build_set(config_path: str | Path, out_dir: str | Path, *, jobs: int = 1,
             "shard": list(shard) if shard else None,
             "all_variants": [v.name for v in plan.valid],
             "manifest_sha256": sha256_bytes(text.encode()),
+            "fingerprint": fingerprint if not failed else None,
             "build": {"started_utc": started, "wall_seconds": round(wall, 2), "jobs": jobs,
                       "cpus": os.cpu_count(), "load_average": _loadavg(), "host": platform.node(),
                       "cache_dir": str(root) if root else None},
@@ -408,6 +418,24 @@ def build_set(config_path: str | Path, out_dir: str | Path, *, jobs: int = 1,
             extra[REPORT_NAME] = render_report(manifest, record).encode()
         ad.commit(files, manifest, extra=extra, record=record, manifest_text=text)
     return BuildResult(dataclasses.replace(manifest, source=str(out / "manifest.json")), results, {v.name: m for v, m in failed.items()}, wall, record, out)
+
+
+def _already_built(out: Path, fingerprint: str, force: bool) -> Manifest | None:
+    """The manifest in `out` if its build record has `fingerprint` and every file is intact, else None."""
+    rec = read_record(out)
+    if rec is None or rec.get("fingerprint") != fingerprint or not rec.get("complete") or rec.get("failed"):
+        return None
+    try:
+        with ArtifactDir(out, force=force):
+            if not all((out / str(n)).is_file() for n in rec["owned"]):
+                return None
+            m = read_manifest(out)
+            read_artifacts(m, out)               # every file's size and SHA-256
+            if sha256_bytes((out / MANIFEST_NAME).read_bytes()) != rec.get("manifest_sha256"):
+                return None
+            return m
+    except ArtifactError:
+        return None
 
 
 def _loadavg() -> list[float] | None:

@@ -262,3 +262,45 @@ class VariantCache:
         n, _ = self.size()
         shutil.rmtree(self.root)
         return n
+
+
+# --------------------------------------------------------------------------
+# The whole build: is the output folder already what this build would write?
+# --------------------------------------------------------------------------
+
+def build_fingerprint(config_path: str | os.PathLike, shard: tuple[int, int] | None) -> str | None:
+    """A hash of every input of a whole build, computed without importing the DSL (None if unknown).
+
+    The config's bytes and file name, the shard, this package's code (enumeration, validity
+    rules, the builder), the loader code, the registry and every registered family's kernel
+    sources, and the versions.  A build record holding the same fingerprint means the folder
+    already holds exactly what the build would write.
+    """
+    import importlib.util
+    try:
+        from .variants import _registry
+        reg = _registry()
+        reg_file = getattr(reg, "__file__", None)
+        if not reg_file:
+            return None
+        sources = {}
+        for key, mod in sorted(reg.FAMILIES.items()):
+            spec = importlib.util.find_spec(mod)
+            if spec is None or not spec.origin:
+                return None
+            fam = type("FamilyFiles", (), {"__file__": spec.origin, "__name__": mod})
+            sources[f"{key[0]}@{key[1]}"] = family_sources(fam)
+        cfg = Path(config_path)
+        here = Path(__file__).resolve().parent
+        doc = {
+            "config": [cfg.name, hashlib.sha256(cfg.read_bytes()).hexdigest()],
+            "shard": list(shard) if shard else None,
+            "svdq_aot_code": hashlib.sha256(b"".join(p.name.encode() + b"\0" + p.read_bytes()
+                                                     for p in sorted(here.glob("*.py")))).hexdigest(),
+            "builder": builder_digest(), "registry": _scan(Path(reg_file).resolve(), "")[0],
+            "families": sources, "svdq_aot": __version__, "dsl": dsl_version(),
+            "python": f"{sys.implementation.name}-{platform.python_version()}",
+        }
+    except (OSError, ImportError, ValueError, AttributeError):
+        return None
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()

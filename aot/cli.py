@@ -163,13 +163,18 @@ def build(config: Path, out: Path, jobs: int | None, keep_going: bool, shard, ca
                         force=force, yes=yes)
         m = res.manifest
         if as_json:
-            _emit_json({"ok": True, "out": str(out), "variants": len(m.variants), "rejected": len(m.rejected),
+            _emit_json({"ok": True, "out": str(out), "up_to_date": res.up_to_date,
+                        "variants": len(m.variants), "rejected": len(m.rejected),
                         "cache_hits": res.hits, "compiled": res.compiled, "failed": res.failed,
                         "shard": list(shard) if shard else None, "wall_seconds": round(res.wall_seconds, 2),
                         "peak_worker_rss_mb": max((r.peak_rss_mb for r in res.results if r.cache != "hit"),
                                                   default=0.0)})
             return
         what = f"shard {shard[0]}/{shard[1]}: " if shard else ""
+        if res.up_to_date:
+            click.echo(f"{what}up to date: {out}/ already holds this build of {len(m.variants)} variant(s) "
+                       f"(inputs unchanged, every file intact; checked in {res.wall_seconds:.1f}s)")
+            return
         click.echo(f"{what}built {len(m.variants)} variant(s) ({res.hits} from the cache, {res.compiled} "
                    f"compiled), rejected {len(m.rejected)}, into {out}/ in {res.wall_seconds:.1f}s "
                    f"(report: {out}/build-report.md)")

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 
+import atexit
+import shutil
 import tempfile
 
 import pytest
@@ -10,6 +12,7 @@ import pytest
 # Builds in tests never read or fill the user's compiled-variant cache: one private cache for the
 # session (the session fixtures below), and a fresh one per test (autouse fixture).
 os.environ["SVDQ_AOT_CACHE"] = tempfile.mkdtemp(prefix="svdq-aot-test-cache-")
+atexit.register(shutil.rmtree, os.environ["SVDQ_AOT_CACHE"], True)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs", "tiny.yaml")

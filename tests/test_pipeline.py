@@ -74,6 +74,25 @@ def test_variant_key_changes_only_for_the_family_whose_source_changed(tmp_path):
     assert K.variant_key(vb, fb) == kb2
 
 
+def test_build_fingerprint_covers_config_shard_and_kernel_sources(tmp_path, monkeypatch):
+    root = Path(__file__).resolve().parents[1]
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text((root / "configs" / "tiny.yaml").read_text())
+    fp = K.build_fingerprint(cfg, None)
+    assert fp is not None and fp == K.build_fingerprint(cfg, None)
+    assert K.build_fingerprint(cfg, (1, 2)) not in (fp, K.build_fingerprint(cfg, (2, 2)))
+    cfg.write_text(cfg.read_text() + "# edited\n")
+    assert K.build_fingerprint(cfg, None) != fp
+    fp2 = K.build_fingerprint(cfg, None)
+    real_scan = K._scan
+
+    def scan(path, package):        # as if kernel_src/quantize_act.py had changed
+        d, imports = real_scan(path, package)
+        return (d[::-1] if path.name == "quantize_act.py" else d), imports
+    monkeypatch.setattr(K, "_scan", scan)
+    assert K.build_fingerprint(cfg, None) != fp2
+
+
 @pytest.fixture
 def file_backed(monkeypatch, tmp_path):
     """The fake families, each given a source file of its own (so the cache keys on it)."""

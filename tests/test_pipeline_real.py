@@ -58,11 +58,21 @@ def test_reproducible_across_jobs_cache_and_shards(tmp_path):
 
     t0 = time.perf_counter()
     again = build_set(TINY, tmp_path / "j1", jobs=2, cache_dir=tmp_path / "c1")   # no-op rebuild
-    assert again.compiled == 0 and again.hits == 4 and time.perf_counter() - t0 < 20
+    assert again.up_to_date and again.compiled == 0 and again.hits == 4 and time.perf_counter() - t0 < 20
     assert _artifact_bytes(tmp_path / "j1") == ref
+    assert A.read_record(tmp_path / "j1")["build"]["jobs"] == 1          # nothing was rewritten
+
+    (tmp_path / "j1" / "build-report.md").unlink()                      # not intact any more: rebuild
+    again = build_set(TINY, tmp_path / "j1", jobs=2, cache_dir=tmp_path / "c1")
+    assert not again.up_to_date and again.compiled == 0 and again.hits == 4
+    assert _artifact_bytes(tmp_path / "j1") == ref and (tmp_path / "j1" / "build-report.md").is_file()
     rec = A.read_record(tmp_path / "j1")
     assert rec["complete"] and rec["build"]["jobs"] == 2 and set(rec["variants"]) == {
         v.name for v in again.manifest.variants}
+    victim = sorted((tmp_path / "j1").glob("*.cubin"))[0]                # a tampered file is rebuilt
+    victim.write_bytes(victim.read_bytes()[:-4] + b"\0\0\0\1")
+    again = build_set(TINY, tmp_path / "j1", jobs=1, cache_dir=tmp_path / "c1")
+    assert not again.up_to_date and again.hits == 4 and _artifact_bytes(tmp_path / "j1") == ref
 
 
 def _children(pid: int) -> list[int]:
