@@ -59,6 +59,11 @@ _USER_ERRORS = (ConfigError, BuildError, BuildLocked, ForeignDirectory, FamilyUn
                 CacheError, OSError, ValueError)
 
 
+def _fail(e: BaseException) -> click.ClickException:
+    """A user error as click's one-line ``Error: ...`` (exit 1), for subcommands that raise it themselves."""
+    return click.ClickException(" ".join(str(e).split()))
+
+
 class _Terminated(BaseException):
     """SIGTERM, raised in the main thread so that the build cleans up like on Ctrl-C."""
 

@@ -143,6 +143,11 @@ def test_cache_hits_and_one_family_rebuild(file_backed, tmp_path):
     r3 = build_set(cfg, tmp_path / "other", cache_dir=cache)      # another folder shares the cache
     assert calls == [] and r3.hits == 15
 
+    cfg_b = tmp_path / "b.yaml"                                   # another config sharing variants
+    cfg_b.write_text(CFG2.replace("ranks: [0, 32, 64]", "ranks: [32]").replace("name: t", "name: other"))
+    r5 = build_set(cfg_b, tmp_path / "other-config", cache_dir=cache)
+    assert calls == [] and r5.hits == len(r5.manifest.variants) == 5
+
     (src / "quant.py").write_text("# quant v2\n")                 # one kernel file changed
     r4 = build_set(cfg, tmp_path / "a", cache_dir=cache)
     assert len(calls) == n_quant and all("_quantize_act_" in c for c in calls)
@@ -347,3 +352,17 @@ def test_inspect_prints_the_report_table(fake, cfg, tmp_path):
     doc = json.loads(CliRunner().invoke(main, ["inspect", str(out), "--json"]).output)
     assert len(doc["variants"]) == 10 and doc["variants"][0]["stages"] == 2
     assert doc["variants"][0]["cubin_bytes"] == read_manifest(out).variants[0].size
+
+
+def test_progress_displays(fake, cfg, tmp_path):
+    import io
+    from svdq_aot.progress import RichProgress, make_progress
+    buf = io.StringIO()
+    prog = RichProgress(buf)
+    r = build_set(cfg, tmp_path / "a", progress=prog)
+    text = buf.getvalue()
+    assert "10/10" in text and "compiled" in text and r.compiled == 10
+    buf = io.StringIO()
+    build_set(cfg, tmp_path / "a", progress=RichProgress(buf))
+    assert "10 of 10 variant(s) from the cache" in buf.getvalue()
+    assert type(make_progress(io.StringIO())).__name__ == "LineProgress"   # not a terminal: plain lines

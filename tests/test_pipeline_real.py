@@ -56,6 +56,8 @@ def test_reproducible_across_jobs_cache_and_shards(tmp_path):
     with pytest.raises(MergeError, match="not the output of a complete `svdq-aot build --shard"):
         merge(tmp_path / "m3", [tmp_path / "s1", tmp_path / "j1"])
 
+    _merge_refusals(tmp_path)
+
     t0 = time.perf_counter()
     again = build_set(TINY, tmp_path / "j1", jobs=2, cache_dir=tmp_path / "c1")   # no-op rebuild
     assert again.up_to_date and again.compiled == 0 and again.hits == 4 and time.perf_counter() - t0 < 20
@@ -73,6 +75,46 @@ def test_reproducible_across_jobs_cache_and_shards(tmp_path):
     victim.write_bytes(victim.read_bytes()[:-4] + b"\0\0\0\1")
     again = build_set(TINY, tmp_path / "j1", jobs=1, cache_dir=tmp_path / "c1")
     assert not again.up_to_date and again.hits == 4 and _artifact_bytes(tmp_path / "j1") == ref
+
+
+def _reseal(d: Path, **changes) -> None:
+    """Edit the manifest's top-level records and give it a valid checksum again (a consistent edit)."""
+    import dataclasses
+    from svdq_loader.manifest import read_manifest
+    m = read_manifest(d)
+    new = dataclasses.replace(m, **{k: dataclasses.replace(getattr(m, k), **v) for k, v in changes.items()})
+    (d / MANIFEST_NAME).write_text(new.to_json())
+
+
+def _merge_refusals(tmp_path: Path) -> None:
+    import json
+    import shutil
+    with pytest.raises(MergeError, match=r"shard 1/2 given twice"):
+        merge(tmp_path / "m4", [tmp_path / "s1", tmp_path / "s1"])
+    for what, edit, msg in (
+            ("cfg", dict(config={"name": "other"}), "differ in config"),
+            ("ver", dict(generator={"dsl_version": "9.9.9"}), r"differ in versions \(svdq-aot, DSL, Python\)")):
+        bad = tmp_path / f"s2-{what}"
+        shutil.copytree(tmp_path / "s2", bad)
+        _reseal(bad, **edit)
+        open_artifacts(bad)                      # still a valid artifact set on its own
+        with pytest.raises(MergeError, match=msg):
+            merge(tmp_path / f"m-{what}", [tmp_path / "s1", bad])
+        assert not (tmp_path / f"m-{what}").exists()
+    bad = tmp_path / "s2-count"
+    shutil.copytree(tmp_path / "s2", bad)
+    rec = json.loads((bad / A.RECORD_NAME).read_text())
+    rec["shard"] = [2, 3]
+    (bad / A.RECORD_NAME).write_text(json.dumps(rec))
+    with pytest.raises(MergeError, match="differ in shard count"):
+        merge(tmp_path / "m-count", [tmp_path / "s1", bad])
+    # shard 1's folder relabelled as shard 2: its variants would be in two shards
+    shutil.copytree(tmp_path / "s1", tmp_path / "s1-as-2")
+    rec1 = json.loads((tmp_path / "s1-as-2" / A.RECORD_NAME).read_text())
+    rec1["shard"] = [2, 2]
+    (tmp_path / "s1-as-2" / A.RECORD_NAME).write_text(json.dumps(rec1))
+    with pytest.raises(MergeError, match="is in two shards"):
+        merge(tmp_path / "m-dup", [tmp_path / "s1", tmp_path / "s1-as-2"])
 
 
 def _children(pid: int) -> list[int]:
