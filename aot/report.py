@@ -11,6 +11,8 @@ from typing import Any
 
 from svdq_loader.manifest import Manifest
 
+from .errors import BuildError
+
 REPORT_NAME = "build-report.md"
 
 _TEMPLATE = """\
@@ -83,7 +85,7 @@ def render_report(manifest: Manifest, record: dict | None) -> str:
     try:
         import jinja2
     except ImportError as e:  # pragma: no cover - jinja2 is a dependency of the build extra
-        raise RuntimeError("the build report needs jinja2 (pip install 'svdq-aot[build]')") from e
+        raise BuildError("the build report needs jinja2 (pip install 'svdq-aot[build]')") from e
     rec = record or {}
     rows = report_rows(manifest, rec)
     per = rec.get("variants", {})
