@@ -385,7 +385,7 @@ def build_set(config_path: str | Path, out_dir: str | Path, *, jobs: int = 1,
         have.update(done)
         if failed and not keep_going:
             first = next(iter(failed.values()))
-            more = f" ({len(failed)} variants failed; the others are cached)" if len(failed) > 1 else ""
+            more = f" ({len(failed)} variants failed)" if len(failed) > 1 else ""
             raise BuildError(first + more)
         if len(have) + len(failed) < len(mine):   # stopped early
             raise BuildError("internal: the build stopped before every variant was compiled")
@@ -417,7 +417,8 @@ def build_set(config_path: str | Path, out_dir: str | Path, *, jobs: int = 1,
         if report:
             extra[REPORT_NAME] = render_report(manifest, record).encode()
         ad.commit(files, manifest, extra=extra, record=record, manifest_text=text)
-    return BuildResult(dataclasses.replace(manifest, source=str(out / "manifest.json")), results, {v.name: m for v, m in failed.items()}, wall, record, out)
+    return BuildResult(dataclasses.replace(manifest, source=str(out / "manifest.json")), results,
+                       {v.name: m for v, m in failed.items()}, wall, record, out)
 
 
 def _already_built(out: Path, fingerprint: str, force: bool) -> Manifest | None:

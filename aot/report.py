@@ -27,6 +27,10 @@ on {{ rec.build.started_utc }} in {{ "%.1f" | format(rec.build.wall_seconds) }} 
 ({{ "%.1f" | format(compiled_seconds) }} s of compile time, \
 peak worker memory {{ "%.0f" | format(peak_mb) }} MiB){% endif %}.
 {%- if rec.shard %} This is shard {{ rec.shard[0] }}/{{ rec.shard[1] }} of {{ rec.all_variants | length }} variants.{% endif %}
+{%- elif rec.merged_from -%}
+{{ rows | length }} variant(s) of `{{ m.config.file }}`, svdq-aot {{ m.generator.package_version }} \
+({{ m.generator.dsl }} {{ m.generator.dsl_version }}), merged from {{ rec.merged_from | length }} shard folder(s) \
+({{ hits }} of the variants came from the cache in their shard's build).
 {%- else -%}
 {{ rows | length }} variant(s) of `{{ m.config.file }}`, svdq-aot {{ m.generator.package_version }} \
 ({{ m.generator.dsl }} {{ m.generator.dsl_version }}); no build record (compile times unknown).
