@@ -56,24 +56,30 @@ class RichProgress(Progress):
         self._running: dict[str, float] = {}
 
     def start(self, total: int, to_compile: int) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress as RP, TextColumn, \
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress as RP, ProgressColumn, TextColumn, \
             TimeElapsedColumn, TimeRemainingColumn
+        from rich.text import Text
+        owner = self
+
+        class Running(ProgressColumn):      # re-rendered at every refresh: the seconds keep counting
+            def render(self, task):
+                return Text(owner._now(), overflow="ellipsis", no_wrap=True)
+
         self._bar = RP(TextColumn("[bold]building"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                       TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[now]}"),
+                       TextColumn("eta"), TimeRemainingColumn(), Running(),
                        console=self.console, transient=False)
-        self._task = self._bar.add_task("build", total=total, now="")
+        self._task = self._bar.add_task("build", total=total)
         self._bar.start()
         if to_compile < total:
             self.console.print(f"{total - to_compile} of {total} variant(s) from the cache")
 
     def _now(self) -> str:
         t = time.monotonic()
-        items = [f"{n[-40:]} ({t - s:.0f}s)" for n, s in self._running.items()]
+        items = [f"{_short(n)} ({t - s:.0f}s)" for n, s in self._running.items()]
         return "compiling: " + ", ".join(items) if items else ""
 
     def running(self, name: str) -> None:
         self._running[name] = time.monotonic()
-        self._bar.update(self._task, now=self._now())
 
     def finished(self, name: str, result: Any, error: str | None) -> None:
         self._running.pop(name, None)
@@ -81,11 +87,17 @@ class RichProgress(Progress):
             self.console.print(f"[red]FAILED[/red] {name}: {error}", markup=True, highlight=False)
         elif result.cache != "hit":
             self.console.print(f"{name}  {_describe(result)}", highlight=False)
-        self._bar.update(self._task, advance=1, now=self._now())
+        self._bar.update(self._task, advance=1)
 
     def close(self) -> None:
         if getattr(self, "_bar", None) is not None:
             self._bar.stop()
+
+
+def _short(name: str) -> str:
+    """A variant name without the ``svdq_`` prefix and the requirements suffix (``_reqn128k64``)."""
+    short = name[5:] if name.startswith("svdq_") else name
+    return short.rsplit("_req", 1)[0][:70]
 
 
 def make_progress(stream: TextIO | None = None, *, plain: bool = False) -> Progress:
