@@ -54,9 +54,9 @@ class Packaged:
 
 def _license_text() -> str:
     """The project's LICENSE: from the source tree (editable install) or svdq-aot's installed metadata."""
-    src = Path(__file__).resolve().parents[1] / "LICENSE"
-    if src.is_file():
-        return src.read_text()
+    tree = Path(__file__).resolve().parents[1]
+    if (tree / "pyproject.toml").is_file() and (tree / "LICENSE").is_file():   # a source checkout
+        return (tree / "LICENSE").read_text()
     import importlib.metadata
     try:
         dist = importlib.metadata.distribution("svdq-aot")
