@@ -261,6 +261,12 @@ print(json.dumps({"how": found.how, "path": found.path, "variants": sorted(v.nam
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.startswith("OK: "), r.stdout + r.stderr
 
+    # packaging again from the installed copy, in the DSL-free venv, gives the same wheel bytes
+    r = subprocess.run([str(venv / "bin" / "svdq-aot"), "package", doc["path"], "-o", str(tmp_path / "again"),
+                        "--name", "svdq-kernels-ci"], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (tmp_path / "again" / p.wheel.name).read_bytes() == p.wheel.read_bytes()
+
     # an artifact package built for another loader is refused, naming both versions
     init = Path(doc["path"]).parent / "__init__.py"
     init.write_text(init.read_text().replace("LOADER_MIN = '0.1.0'", "LOADER_MIN = '7.0.0'")
