@@ -1,7 +1,8 @@
 """Run compile jobs in a pool of spawned worker processes, with clean failure and interrupt semantics.
 
 * Workers are *spawned* (fresh interpreters: the DSL/MLIR state must not be
-  forked) and ignore SIGINT: Ctrl-C reaches the parent, which kills them.
+  forked) and ignore SIGINT from their first instruction (they are started
+  with it ignored): Ctrl-C reaches the parent, which kills them.
 * A worker never outlives the build: it asks the kernel to SIGKILL it when
   its parent dies (``PR_SET_PDEATHSIG`` on Linux) and, as a second guard,
   a thread exits it as soon as its parent process changes.
@@ -59,6 +60,24 @@ def peak_rss_mb() -> float:
     return kb / 1024.0 if sys.platform != "darwin" else kb / (1024.0 * 1024.0)
 
 
+class _sigint_ignored:
+    """Ignore SIGINT in this (main) thread for the block; elsewhere a no-op.
+
+    Python keeps an inherited "ignored" SIGINT, so a worker spawned inside the block never sees
+    Ctrl-C, not even before its initializer runs.  The parent's own handler is back right after.
+    """
+
+    def __enter__(self):
+        self.old = None
+        if threading.current_thread() is threading.main_thread():
+            self.old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        return self
+
+    def __exit__(self, *exc):
+        if self.old is not None:
+            signal.signal(signal.SIGINT, self.old)
+
+
 @dataclass
 class Outcome:
     item: Any
@@ -98,7 +117,8 @@ def run_pool(fn: Callable[..., Any], items: Sequence[Any], args: Callable[[Any],
             item = next(todo, _END)
             if item is _END:
                 return False
-            running[pool.submit(fn, *args(item))] = item
+            with _sigint_ignored():     # a worker spawned now starts with SIGINT ignored (kept across exec)
+                running[pool.submit(fn, *args(item))] = item
             if on_start is not None:
                 on_start(item)
             return True

@@ -153,7 +153,7 @@ def _start_build(tmp_path: Path, out: Path) -> tuple[subprocess.Popen, list[int]
         kids = _children(p.pid)
         time.sleep(0.1)
     assert len(kids) == 2, "the build did not start two compile workers"
-    time.sleep(1.0)                       # the workers are compiling now
+    time.sleep(0.3)                       # the workers are importing the DSL or compiling now
     return p, kids
 
 
