@@ -103,14 +103,19 @@ def _skip(msg: str, as_json: bool, require: bool) -> int:
     return 1 if require else 0
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="svdq-aot selftest", description=__doc__.split("\n\n")[0])
-    ap.add_argument("artifacts", nargs="?", default="artifacts")
+    ap.add_argument("artifacts", nargs="?", default="artifacts",
+                    help="directory holding manifest.json and the cubins (default: artifacts)")
     ap.add_argument("--json", action="store_true", help="print one JSON report instead of the table")
     ap.add_argument("--require-gpu", action="store_true", help="exit 1 instead of 0 when nothing can be checked")
     ap.add_argument("--op", choices=sorted(CASES_FOR), help="only this operator")
     ap.add_argument("--seed", type=int, default=None, help="base seed (default: random; printed)")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
     try:
         import torch
     except ImportError:
