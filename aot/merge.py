@@ -82,8 +82,18 @@ def merge(out_dir: str | os.PathLike, dirs: list[str | os.PathLike], *, force: b
         raise MergeError(f"the shards do not add up to the config's {len(order)} variants: "
                          f"missing {lost[:3]}{'...' if len(lost) > 3 else ''}, "
                          f"unexpected {extra[:3]}{'...' if len(extra) > 3 else ''}")
+    variants = tuple(entries[n_] for n_ in order)
+    # selection rules and driver needs, in the order one single build writes them (first appearance)
+    rules, driver = {}, {}
+    for _, _, arts in shards:
+        rules.update(arts.manifest.rules)
+        driver.update(arts.manifest.cuda_driver)
+    selection = tuple(dict.fromkeys(rules[(e.op, e.arch, e.family)] for e in variants
+                                    if (e.op, e.arch, e.family) in rules))
+    cuda_driver = {a: driver[a] for a in dict.fromkeys(e.arch for e in variants) if a in driver}
     manifest = Manifest(schema_version=m0.schema_version, generator=m0.generator, config=m0.config,
-                        shapes=m0.shapes, variants=tuple(entries[n_] for n_ in order), rejected=m0.rejected)
+                        shapes=m0.shapes, variants=variants, rejected=m0.rejected, selection=selection,
+                        cuda_driver=cuda_driver)
     record = {"config": r0["config"], "shard": None, "all_variants": order, "merged_from": [str(d) for d in dirs],
               "variants": {k: v for _, rec, _ in shards for k, v in rec.get("variants", {}).items()},
               "failed": {}}
