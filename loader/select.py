@@ -28,11 +28,10 @@ class Problem:
 
 
 def _gemm_sm90(p: Problem, v) -> tuple:
-    """Fewest padded rows in the last M tile, then fewest tiles, then the larger tile."""
+    """Fewest padded activation rows (each is dequantized and multiplied), then the larger tile."""
     d = p.dim
     tm, tn = v.knobs["tile_m"], v.knobs["tile_n"]
-    tiles_m = -(-d["m"] // tm)
-    return (tiles_m * tm - d["m"] > tm // 2, tiles_m * (d["n"] // tn), -tm * tn)
+    return (-(-d["m"] // tm) * tm, -tm * tn)
 
 
 def _by_name(p: Problem, v) -> tuple:

@@ -66,7 +66,7 @@ SPEC = OpSpec(
 # ---------------------------------------------------------------------------
 
 from .checks import check_devices, check_i32_sizes, check_tensor, check_vector, fail, half_dtypes, torch_module  # noqa: E402
-from .layouts import BLOCK_K, scale_shape  # noqa: E402
+from .layouts import BLOCK_K, WEIGHT_FORMAT_BY_ARCH, scale_shape  # noqa: E402
 
 
 def _as_f32(t):
@@ -91,6 +91,7 @@ class PreparedWeight:
     n: int
     k: int
     rank: int
+    weight_format: str = "logical"   # "logical", or the arch's format (layouts.WEIGHT_FORMAT_BY_ARCH)
 
     def __post_init__(self):
         # what every call reuses: the weight-side pointers in host-argument order, the device
@@ -105,7 +106,16 @@ class PreparedWeight:
         return self.wgt.device
 
 
-def prepare_weight(wgt, wscales, *, lora_up=None, wcscale=None, bias=None) -> PreparedWeight:
+def _weight_converter(fmt: str):
+    """The converter of a weight format: (wgt, wscales) logical -> (wgt, wscales) in that format."""
+    if fmt == "sm90_frag":
+        from .sm90_weight_format import to_frag
+        return to_frag
+    raise ValueError(f"unknown weight format {fmt!r}")
+
+
+def prepare_weight(wgt, wscales, *, lora_up=None, wcscale=None, bias=None, arch=None) -> PreparedWeight:
+    """Check the weight side once; with `arch`, also convert it to that arch's weight format."""
     torch = torch_module()
     check_tensor("wgt", wgt, dtype=torch.uint8, ndim=2)
     n, kh = wgt.shape
@@ -130,7 +140,10 @@ def prepare_weight(wgt, wscales, *, lora_up=None, wcscale=None, bias=None) -> Pr
         wcscale = _as_f32(wcscale)
     if bias is not None:
         bias = _as_f32(bias)
-    return PreparedWeight(wgt, wscales, lora_up, wcscale, bias, n, k, rank)
+    fmt = WEIGHT_FORMAT_BY_ARCH.get(arch, "logical")
+    if fmt != "logical":
+        wgt, wscales = _weight_converter(fmt)(wgt.contiguous(), wscales.contiguous())
+    return PreparedWeight(wgt, wscales, lora_up, wcscale, bias, n, k, rank, fmt)
 
 
 @dataclass(frozen=True)
@@ -154,6 +167,10 @@ def plan_call(arch: str, act, weight: PreparedWeight, ascales, *, lora_act_in=No
     if 2 * kh != weight.k:
         fail(f"act has K = 2*{kh} = {2 * kh} but the weight has K = {weight.k}")
     k, n = weight.k, weight.n
+    want_fmt = WEIGHT_FORMAT_BY_ARCH.get(arch, "logical")
+    if weight.weight_format != want_fmt:
+        fail(f"the weight is in the {weight.weight_format!r} format but the {arch} GEMM reads {want_fmt!r}; "
+             f"prepare it for this device (lib.prepare_weight on the device the call runs on)")
     check_i32_sizes(M_times_N_output_elements=m * n, M_times_K_half_act_bytes=m * kh,
                     N_times_K_half_weight_bytes=n * kh)
     layout = SCALE_LAYOUT_BY_ARCH.get(arch, "logical")
@@ -237,6 +254,8 @@ def fast_args(arch: str, act, weight, ascales, lora_act_in, out, out_dtype):
     m, kh = act.shape
     k, n = weight.k, weight.n
     if m < 1 or 2 * kh != k or m * n >= _I32 or m * kh >= _I32 or SCALE_LAYOUT_BY_ARCH.get(arch) != "logical":
+        return None
+    if weight.weight_format != WEIGHT_FORMAT_BY_ARCH.get(arch, "logical"):
         return None
     if ascales.shape != (m, k // BLOCK_K) or not act.is_contiguous() or not ascales.is_contiguous():
         return None

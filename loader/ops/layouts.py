@@ -22,6 +22,12 @@ SCALE_LAYOUT_BY_ARCH = {
 }
 SCALE_LAYOUTS = ("logical", "blocked")
 
+#: The weight format `prepare_weight` writes for the GEMM family of an arch (absent: the logical
+#: ``[N, K/2]`` / ``[N, K/16]`` tensors as given).  ``sm90_frag``: see ``sm90_weight_format``.
+WEIGHT_FORMAT_BY_ARCH = {
+    "sm_90a": "sm90_frag",
+}
+
 
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
