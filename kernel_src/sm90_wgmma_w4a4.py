@@ -69,7 +69,9 @@ NAME = "sm90_wgmma_w4a4"
 
 TUNING: dict[str, tuple] = dict(
     tile_m=(128, 256),      # activation rows per tile (the wgmma N extent)
-    tile_n=(128, 256),      # weight rows per tile (two warpgroups, tile_n/128 wgmma M atoms each)
+    # weight rows per tile: two warpgroups of one 64-row wgmma atom each.  The kernel is written for
+    # tile_n/128 atoms per warpgroup, but 256 spilled (8-byte stack frame at 255 registers, rank 64 and 128)
+    tile_n=(128,),
     tile_k=(64,),           # k per pipeline step (one 128-byte swizzle row of fp16)
     stages=(3, 4),          # activation SMEM stages
 )
@@ -523,6 +525,34 @@ def compile(arch: str, knobs: dict, name: str, dump_dir: str, *, keep_ptx: bool 
     args = (gptr(Uint8), gptr(Uint8), gptr(Uint8), gptr(Uint8), gptr(out_t), gptr(out_t),
             gptr(Float32), gptr(Float32), gptr(out_t),
             Int32(1), Int32(1), Int32(1), Int32(1), cuda.CUstream(0))
-    compiled, cubin, symbols = compile_named(_Sm90Wgmma, gemm, args, name, arch, dump_dir, keep_ptx=keep_ptx)
+    compiled, cubin, symbols = compile_named(_Sm90Wgmma, gemm, args, name, arch, dump_dir, keep_ptx=True)
+    usage = cubin_resource_usage(cubin)
+    problem = static_problem(_read_ptx(dump_dir, compiled.function_name, arch, keep_ptx), usage)
+    if problem:
+        raise RuntimeError(f"{name}: {problem}")
     return CompiledKernel(cubin=cubin, compiled=compiled, entry=compiled.function_name, kernel_symbols=symbols,
-                          smem_bytes=gemm.smem_bytes, resource_usage=cubin_resource_usage(cubin))
+                          smem_bytes=gemm.smem_bytes, resource_usage=usage)
+
+
+def _read_ptx(dump_dir: str, entry: str, arch: str, keep: bool) -> str:
+    import os
+    path = os.path.join(dump_dir, f"{entry}.{arch}.ptx")
+    with open(path) as f:
+        text = f.read()
+    if not keep:
+        os.remove(path)
+    return text
+
+
+def static_problem(ptx: str, usage: dict) -> Optional[str]:
+    """The build-time checks every variant must pass: None, or what is wrong.
+
+    The main loop must be on the Hopper tensor-core path (``wgmma.mma_async`` with a register A operand,
+    which ptxas turns into HGMMA), and no kernel may have a stack frame (spilled registers)."""
+    if "wgmma.mma_async" not in ptx:
+        return "no wgmma.mma_async in the PTX (not on the Hopper tensor-core path)"
+    for sym, u in usage.items():
+        if u["stack_frame_bytes"]:
+            return (f"kernel {sym} spills: {u['stack_frame_bytes']}-byte stack frame at {u['registers']} "
+                    f"registers")
+    return None

@@ -202,5 +202,6 @@ def test_real_registry_flux_enumerates():
     ops = {(x.op, x.arch) for x in valid}
     assert {("gemm_w4a4", "sm_90a"), ("quantize_act", "sm_90a"), ("quantize_act", "sm_100a"),
             ("quantize_act", "sm_103a")} <= ops
-    assert sum(x.op == "gemm_w4a4" for x in valid) == 2 * 6 * 2 * 2
+    # out_dtypes x ranks (0, 16, 32, 48, 64, 96, 128) x wcscale x bias x two tiles
+    assert sum(x.op == "gemm_w4a4" for x in valid) == 2 * 7 * 2 * 2 * 2
     check_coverage(cfg, valid, rejected)

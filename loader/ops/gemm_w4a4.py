@@ -167,10 +167,6 @@ def plan_call(arch: str, act, weight: PreparedWeight, ascales, *, lora_act_in=No
     if 2 * kh != weight.k:
         fail(f"act has K = 2*{kh} = {2 * kh} but the weight has K = {weight.k}")
     k, n = weight.k, weight.n
-    want_fmt = WEIGHT_FORMAT_BY_ARCH.get(arch, "logical")
-    if weight.weight_format != want_fmt:
-        fail(f"the weight is in the {weight.weight_format!r} format but the {arch} GEMM reads {want_fmt!r}; "
-             f"prepare it for this device (lib.prepare_weight on the device the call runs on)")
     check_i32_sizes(M_times_N_output_elements=m * n, M_times_K_half_act_bytes=m * kh,
                     N_times_K_half_weight_bytes=n * kh)
     layout = SCALE_LAYOUT_BY_ARCH.get(arch, "logical")
@@ -200,6 +196,10 @@ def plan_call(arch: str, act, weight: PreparedWeight, ascales, *, lora_act_in=No
         check_tensor("lora_act_in", lora_act_in, dtype=want, ndim=2, shape=(m, weight.rank))
     if want is None:
         want = torch.bfloat16
+    want_fmt = WEIGHT_FORMAT_BY_ARCH.get(arch, "logical")
+    if weight.weight_format != want_fmt:
+        fail(f"the weight is in the {weight.weight_format!r} format but the {arch} GEMM reads {want_fmt!r}; "
+             f"prepare it for this device (lib.prepare_weight on the device the call runs on)")
     check_devices(dict(act=act, wgt=weight.wgt, ascales=ascales, lora_act_in=lora_act_in, out=out))
     if out is None:
         out = torch.empty((m, n), dtype=want, device=act.device)
