@@ -74,6 +74,9 @@ TUNING: dict[str, tuple] = dict(
     tile_n=(128,),
     tile_k=(64,),           # k per pipeline step (one 128-byte swizzle row of fp16)
     stages=(3, 4),          # activation SMEM stages
+    # k-tiles of raw bytes in flight in registers: 1 = loaded one k-tile ahead (the measured kernel);
+    # 2 = two register sets, loaded two k-tiles ahead (more latency cover, 11-16 more registers)
+    prefetch=(1, 2),
 )
 FEATURE_VALUES: dict[str, tuple] = dict(
     out_dtype=("fp16", "bf16"),
@@ -105,11 +108,12 @@ class _Cfg:
     tile_m: int
     tile_n: int
     stages: int
+    prefetch: int = 1
 
 
 def _cfg_of(knobs: dict) -> _Cfg:
     return _Cfg(str(knobs["out_dtype"]), int(knobs["rank"]), bool(knobs["wcscale"]), bool(knobs["bias"]),
-                int(knobs["tile_m"]), int(knobs["tile_n"]), int(knobs["stages"]))
+                int(knobs["tile_m"]), int(knobs["tile_n"]), int(knobs["stages"]), int(knobs["prefetch"]))
 
 
 def _lora_chunk(rank: int) -> int:
@@ -135,6 +139,10 @@ def _problem(cfg: _Cfg) -> Optional[str]:
         return (f"tile {cfg.tile_m}x{cfg.tile_n} needs {acc} fp32 accumulator registers per thread, "
                 f"more than the {MAX_ACC_REGS} this kernel allows (255 registers in all, fragments and "
                 f"raw prefetch need the rest)")
+    if cfg.prefetch > 1 and acc > 64:
+        return (f"prefetch {cfg.prefetch} with tile_m={cfg.tile_m}: a second raw-byte register set on top of "
+                f"{acc} accumulator registers does not fit (measured: 8-byte stack frames at 255 registers for "
+                f"ranks 0, 64, 256)")
     plan = _smem_plan(cfg)
     if plan["total_bytes"] > SMEM_LIMIT_BYTES:
         return (f"needs {plan['total_bytes']} B of dynamic SMEM (activation stages {plan['main_bytes']} B, "
@@ -219,6 +227,7 @@ class _Sm90Wgmma:
         self.plan = _smem_plan(cfg)
         self.smem_bytes = self.plan["total_bytes"]
         self.chunks_a = self.tm * (TILE_K // 32) // THREADS     # 32-k activation chunks per thread
+        self.prefetch = cfg.prefetch
 
     @cute.jit
     def __call__(self, act: cute.Pointer, ascales: cute.Pointer, wgt: cute.Pointer, wscales: cute.Pointer,
@@ -323,7 +332,9 @@ class _Sm90Wgmma:
         tCcC = thr_mma.partition_C(cC)
 
         # ---- per-thread register buffers ------------------------------------------
-        raw, rsc, deq, wraw, wsc, rows, kcs = self._buffers(tidx)
+        sets = [self._buffers(tidx) for _ in range(self.prefetch)]      # raw-byte register sets
+        raw, rsc, wraw, wsc = ([b[i] for b in sets] for i in (0, 1, 3, 4))
+        deq, rows, kcs = sets[0][2], sets[0][5], sets[0][6]
 
         tiles_n = n // tn
         tiles = ((m + (tm - 1)) // tm) * tiles_n
@@ -337,13 +348,17 @@ class _Sm90Wgmma:
             wblk = [n0 // 64 + a * 2 + wg for a in range(self.atoms)]
             acc.fill(0.0)
 
-            # prologue: k-tile 0 into stage 0 and fragment buffer 0, raw bytes of k-tile 1 in flight
-            self._load_act(mActW, mAscH, rows_ld, kcs, kw, 0, raw, rsc)
-            self._load_w(mWq, mWs, wblk, num_kt, tidx, 0, wraw, wsc)
-            self._store_act(sA, 0, rows, kcs, valid, raw, rsc, deq)
-            self._decode_w(fragW[0], wraw, wsc)
-            self._load_act(mActW, mAscH, rows_ld, kcs, kw, 1, raw, rsc)
-            self._load_w(mWq, mWs, wblk, num_kt, tidx, 1, wraw, wsc)
+            # prologue: raw bytes of k-tiles 0 .. P-1 into register sets t % P; k-tile 0 into stage 0 and
+            # fragment buffer 0; then k-tile P in flight into set 0
+            P = self.prefetch
+            for t in cutlass.range_constexpr(P):      # num_kt >= 2: k-tiles 0 and 1 exist
+                self._load_act(mActW, mAscH, rows_ld, kcs, kw, t, raw[t], rsc[t])
+                self._load_w(mWq, mWs, wblk, num_kt, tidx, t, wraw[t], wsc[t])
+            self._store_act(sA, 0, rows, kcs, valid, raw[0], rsc[0], deq)
+            self._decode_w(fragW[0], wraw[0], wsc[0])
+            ktp = 1 if P == 1 else cutlass.min(P, num_kt - 1)
+            self._load_act(mActW, mAscH, rows_ld, kcs, kw, ktp, raw[0], rsc[0])
+            self._load_w(mWq, mWs, wblk, num_kt, tidx, ktp, wraw[0], wsc[0])
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.sync_threads()
 
@@ -351,6 +366,7 @@ class _Sm90Wgmma:
                 for half in cutlass.range_constexpr(2):
                     kt = kt2 + half
                     stage = kt % S
+                    rs = (half + 1) % P          # register set holding k-tile kt+1 (kt2 is even)
                     warpgroup.fence()
                     for kb in cutlass.range_constexpr(TILE_K // 16):
                         cute.gemm(tiled_mma, acc, fragA[half][None, None, kb], tCrB[None, None, kb, stage], acc)
@@ -358,11 +374,11 @@ class _Sm90Wgmma:
                     warpgroup.wait_group(1)     # this warpgroup's k-tile kt-1 is done
                     # k-tile kt+1 (raw bytes already in registers) -> stage (kt+1)%S, other fragment buffer;
                     # past the end this decodes the last k-tile again into a stage nobody reads
-                    self._store_act(sA, (kt + 1) % S, rows, kcs, valid, raw, rsc, deq)
-                    self._decode_w(fragW[1 - half], wraw, wsc)
-                    nxt = cutlass.min(kt + 2, num_kt - 1)
-                    self._load_act(mActW, mAscH, rows_ld, kcs, kw, nxt, raw, rsc)
-                    self._load_w(mWq, mWs, wblk, num_kt, tidx, nxt, wraw, wsc)
+                    self._store_act(sA, (kt + 1) % S, rows, kcs, valid, raw[rs], rsc[rs], deq)
+                    self._decode_w(fragW[1 - half], wraw[rs], wsc[rs])
+                    nxt = cutlass.min(kt + 1 + P, num_kt - 1)      # same parity as kt+1 when P = 2
+                    self._load_act(mActW, mAscH, rows_ld, kcs, kw, nxt, raw[rs], rsc[rs])
+                    self._load_w(mWq, mWs, wblk, num_kt, tidx, nxt, wraw[rs], wsc[rs])
                     cute.arch.fence_proxy("async.shared", space="cta")
                     cute.arch.sync_threads()
             warpgroup.wait_group(0)
@@ -453,20 +469,16 @@ class _Sm90Wgmma:
 
 
 def config_axes(arch: str, section: dict) -> tuple[list[dict], list[str]]:
-    """``variants.sm_90a.gemm_w4a4`` -> tuning-knob dicts; keys ``tiles`` ([[tile_m, tile_n, tile_k], ...])
-    and ``stages`` ([auto | 3 | 4, ...]; auto = the deepest that fits)."""
+    """``variants.sm_90a.gemm_w4a4`` -> tuning-knob dicts; keys ``tiles`` ([[tile_m, tile_n, tile_k], ...]),
+    ``stages`` ([auto | 3 | 4, ...]; auto = the deepest that fits) and ``prefetch`` ([1 | 2, ...]; default [1])."""
     problems: list[str] = []
-    for key in sorted(set(section) - {"tiles", "stages"}):
-        problems.append(f"{key}: unknown key (allowed: tiles, stages)")
+    for key in sorted(set(section) - {"tiles", "stages", "prefetch"}):
+        problems.append(f"{key}: unknown key (allowed: tiles, stages, prefetch)")
     tiles = section.get("tiles", [list(DEFAULT_TILE)])
-    stages = section.get("stages", ["auto"])
-    good_tiles, good_stages = [], []
+    good_tiles = []
     if not isinstance(tiles, list) or not tiles:
         problems.append(f"tiles: {tiles!r}: expected a non-empty list of [tile_m, tile_n, tile_k]")
         tiles = []
-    if not isinstance(stages, list) or not stages:
-        problems.append(f"stages: {stages!r}: expected a non-empty list of stage counts or 'auto'")
-        stages = []
     for i, t in enumerate(tiles):
         if not (isinstance(t, list) and len(t) == 3 and all(isinstance(x, int) and not isinstance(x, bool)
                                                             and x > 0 for x in t)):
@@ -475,14 +487,23 @@ def config_axes(arch: str, section: dict) -> tuple[list[dict], list[str]]:
             problems.append(f"tiles[{i}]: {t!r}: duplicate value")
         else:
             good_tiles.append(t)
-    for i, st in enumerate(stages):
-        if not (st == "auto" or (isinstance(st, int) and not isinstance(st, bool) and st >= 1)):
-            problems.append(f"stages[{i}]: {st!r}: expected a positive integer or 'auto'")
-        elif st in good_stages:
-            problems.append(f"stages[{i}]: {st!r}: duplicate value")
-        else:
-            good_stages.append(st)
-    return [dict(tile_m=t[0], tile_n=t[1], tile_k=t[2], stages=s) for t in good_tiles for s in good_stages], problems
+    lists = {}
+    for key, default, auto in (("stages", ["auto"], True), ("prefetch", [1], False)):
+        vals = section.get(key, default)
+        good = []
+        if not isinstance(vals, list) or not vals:
+            problems.append(f"{key}: {vals!r}: expected a non-empty list")
+            vals = []
+        for i, v in enumerate(vals):
+            if not ((auto and v == "auto") or (isinstance(v, int) and not isinstance(v, bool) and v >= 1)):
+                problems.append(f"{key}[{i}]: {v!r}: expected a positive integer" + (" or 'auto'" if auto else ""))
+            elif v in good:
+                problems.append(f"{key}[{i}]: {v!r}: duplicate value")
+            else:
+                good.append(v)
+        lists[key] = good
+    return [dict(tile_m=t[0], tile_n=t[1], tile_k=t[2], stages=s, prefetch=p)
+            for t in good_tiles for s in lists["stages"] for p in lists["prefetch"]], problems
 
 
 def resolve(arch: str, knobs: dict) -> dict:

@@ -32,7 +32,8 @@ DEFAULT_TM, DEFAULT_TN, DEFAULT_TK = sm90.DEFAULT_TILE
 def make_knobs(out_dtype="fp16", rank=32, wcscale=True, bias=True, **kw):
     """A complete knob dict: the op's features (spec order), then the family's tuning knobs."""
     knobs = dict(out_dtype=out_dtype, rank=rank, wcscale=wcscale, bias=bias, scale_layout="logical",
-                 tile_m=DEFAULT_TM, tile_n=DEFAULT_TN, tile_k=DEFAULT_TK, stages=sm90.DEFAULT_STAGES)
+                 tile_m=DEFAULT_TM, tile_n=DEFAULT_TN, tile_k=DEFAULT_TK, stages=sm90.DEFAULT_STAGES,
+                 prefetch=1)
     knobs.update(kw)
     return knobs
 
@@ -61,7 +62,7 @@ def test_family_meets_the_contract():
     check_family(sm90)
     assert isinstance(sm90, Family)
     assert sm90.OP == "gemm_w4a4" and sm90.ARCHS == ("sm_90a",) and sm90.NAME == "sm90_wgmma_w4a4"
-    assert set(sm90.TUNING) == {"tile_m", "tile_n", "tile_k", "stages"}
+    assert set(sm90.TUNING) == {"tile_m", "tile_n", "tile_k", "stages", "prefetch"}
     assert not set(sm90.TUNING) & set(GEMM_W4A4.feature_names)
     assert tuple(sm90.FEATURE_VALUES) == GEMM_W4A4.feature_names
 
@@ -87,8 +88,8 @@ def test_supported_knobs():
 def test_invalid_reason_accepts_every_rank_and_tile():
     for out_dtype in ("fp16", "bf16"):
         for rank in sm90.FEATURE_VALUES["rank"]:
-            for tm in sm90.TUNING["tile_m"]:
-                k = make_knobs(out_dtype=out_dtype, rank=rank, tile_m=tm)
+            for tm, pf in ((128, 1), (128, 2), (256, 1)):
+                k = make_knobs(out_dtype=out_dtype, rank=rank, tile_m=tm, prefetch=pf)
                 assert sm90.invalid_reason(ARCH, k) is None, k
                 assert Variant.make("gemm_w4a4", ARCH, k).invalid_reason() is None, k
                 assert sm90.smem_bytes_for(k) <= sm90.SMEM_LIMIT_BYTES
@@ -100,6 +101,8 @@ def test_invalid_reason_accepts_every_rank_and_tile():
     (dict(tile_n=256), "tile_n 256 not supported"),
     (dict(tile_k=128), "tile_k 128 not supported"),
     (dict(stages=2), "stages 2 not supported"),
+    (dict(prefetch=3), "prefetch 3 not supported"),
+    (dict(prefetch=2, tile_m=256), "prefetch 2 with tile_m=256"),
     (dict(rank=24), "rank 24 not supported"),
     (dict(out_dtype="fp8"), "out_dtype 'fp8' not supported"),
     (dict(scale_layout="blocked"), "scale_layout 'blocked' not supported"),
@@ -115,6 +118,7 @@ def test_resource_rules_give_numbers():
     from svdq_kernels.sm90_wgmma_w4a4 import _Cfg, _problem
     # 4 stages of a 256 x 64 fp16 activation tile = 128 KiB; a 256-row LoRA chunk of 64 ranks = 64 KiB
     assert _problem(_Cfg("bf16", 256, True, True, 256, 128, 4)) is None
+    assert "128 accumulator registers" in _problem(_Cfg("bf16", 32, True, True, 256, 128, 4, 2))
     too_many = _problem(_Cfg("bf16", 32, True, True, 512, 128, 4))
     assert "256 fp32 accumulator registers" in too_many and "128" in too_many
     too_big = _problem(_Cfg("bf16", 32, True, True, 256, 128, 8))
@@ -125,16 +129,18 @@ def test_variant_name_requirements_and_resolve():
     k = make_knobs(out_dtype="bf16", rank=32)
     v = Variant.make("gemm_w4a4", ARCH, k)
     assert v.name == ("svdq_gemm_w4a4_sm90a_outdtypebf16_rank32_wcscale1_bias1"
-                      "_tilem128_tilen128_tilek64_stages4_reqn128k128")
+                      "_tilem128_tilen128_tilek64_stages4_prefetch1_reqn128k128")
     assert v.name == name_of(k) and v.knob_dict == k and v.family() is sm90
     # N is tiled by 128 weight rows; K by 64, and the k loop is unrolled by two
     assert v.requirements() == {"n_multiple": 128, "k_multiple": 128}
     assert sm90.resolve(ARCH, dict(k, stages="auto")) == k
-    assert sm90.config_axes(ARCH, {}) == ([dict(tile_m=128, tile_n=128, tile_k=64, stages="auto")], [])
+    assert sm90.config_axes(ARCH, {}) == ([dict(tile_m=128, tile_n=128, tile_k=64, stages="auto", prefetch=1)], [])
     axes, problems = sm90.config_axes(ARCH, {"tiles": [[256, 128, 64], [256, 128, 64]], "clusters": [[1, 1]]})
-    assert axes == [dict(tile_m=256, tile_n=128, tile_k=64, stages="auto")]
+    assert axes == [dict(tile_m=256, tile_n=128, tile_k=64, stages="auto", prefetch=1)]
     assert any(p.startswith("clusters:") for p in problems)
     assert any(p.startswith("tiles[1]:") and "duplicate" in p for p in problems)
+    axes, problems = sm90.config_axes(ARCH, {"prefetch": [1, 2, 2]})
+    assert [a["prefetch"] for a in axes] == [1, 2] and any("prefetch[2]" in p for p in problems)
     _, problems = sm90.config_axes(ARCH, {"tiles": [[128, 128]]})
     assert any("tile_k" in p for p in problems)
 
@@ -176,6 +182,8 @@ COMPILE_CASES = [
     dict(out_dtype="fp16", rank=96, wcscale=True, bias=False, tile_m=256),
     dict(out_dtype="bf16", rank=256, wcscale=False, bias=True, tile_m=256),
     dict(out_dtype="fp16", rank=48, wcscale=False, bias=True, stages=3),
+    dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, prefetch=2),
+    dict(out_dtype="fp16", rank=256, wcscale=True, bias=True, prefetch=2),
 ]
 
 

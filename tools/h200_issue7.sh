@@ -3,7 +3,9 @@
 #   bash tools/h200_issue7.sh            (artifacts: ./artifacts, built from configs/h200_sm90.yaml)
 # 1. GPU numerics of both operators (tests/test_gpu_*.py; stops after 5 failures);
 # 2. the bench on the shapes of configs/bench_issue7.yaml (SVDQ_BENCH_ARGS adds/overrides options);
-# 3. ncu of one launch per tile (tensor-pipe utilisation, stall reasons), if ncu runs.
+# 3. ncu of one launch per tile (tensor-pipe utilisation, stall reasons), if ncu runs;
+# 4. with ART_B=DIR (e.g. built from configs/h200_sm90_prefetch2.yaml): the feature-grid numerics and
+#    the same bench against those artifacts too (bench_b.*), for an A/B of two builds.
 # Everything lands in $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/svdq-out}
@@ -25,4 +27,13 @@ if command -v ncu >/dev/null && [ "$T_NCU" -gt 0 ]; then
         --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__throughput.avg.pct_of_peak_sustained_elapsed,gpu__time_duration.sum,smsp__average_warp_latency_issue_stalled_barrier.ratio,smsp__average_warp_latency_issue_stalled_long_scoreboard.ratio,smsp__average_warp_latency_issue_stalled_wait.ratio,smsp__average_warp_latency_issue_stalled_math_pipe_throttle.ratio,smsp__issue_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed \
         python3 tools/sm90_one_call.py >"$OUT/ncu.log" 2>&1
     echo "ncu exit $?"; grep -vE "^==PROF==" "$OUT/ncu.log" | tail -30
+fi
+if [ -n "${ART_B:-}" ]; then
+    SVDQ_ARTIFACTS="$ART_B" timeout "$T_TEST" python3 -m pytest -q -p no:cacheprovider --maxfail=5 \
+        tests/test_gpu_gemm.py -k "test_features or test_other_ranks" >"$OUT/gpu_tests_b.log" 2>&1
+    echo "gpu tests ($ART_B) exit $?"; grep -E "passed|failed|error" "$OUT/gpu_tests_b.log" | tail -3
+    timeout "$T_BENCH" python3 -m svdq_loader.testing.bench "$ART_B" --config configs/bench_issue7.yaml \
+        --op gemm_w4a4 --dtype bf16 --m 16,256,1024,4608 --quick ${SVDQ_BENCH_ARGS:-} \
+        --json "$OUT/bench_b.json" --table "$OUT/bench_b.md" >"$OUT/bench_b.log" 2>&1
+    echo "bench ($ART_B) exit $?"; grep -E "^\|" "$OUT/bench_b.log" | head -14
 fi
