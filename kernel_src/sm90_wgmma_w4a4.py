@@ -77,6 +77,9 @@ TUNING: dict[str, tuple] = dict(
     # k-tiles of raw bytes in flight in registers: 1 = loaded one k-tile ahead (the measured kernel);
     # 2 = two register sets, loaded two k-tiles ahead (more latency cover, 11-16 more registers)
     prefetch=(1, 2),
+    # True: activation rows >= m are neither decoded nor stored (they only feed accumulator columns that
+    # are never written); False: decoded with a zero scale, the measured form
+    skip_pad=(False, True),
 )
 FEATURE_VALUES: dict[str, tuple] = dict(
     out_dtype=("fp16", "bf16"),
@@ -109,11 +112,13 @@ class _Cfg:
     tile_n: int
     stages: int
     prefetch: int = 1
+    skip_pad: bool = False
 
 
 def _cfg_of(knobs: dict) -> _Cfg:
     return _Cfg(str(knobs["out_dtype"]), int(knobs["rank"]), bool(knobs["wcscale"]), bool(knobs["bias"]),
-                int(knobs["tile_m"]), int(knobs["tile_n"]), int(knobs["stages"]), int(knobs["prefetch"]))
+                int(knobs["tile_m"]), int(knobs["tile_n"]), int(knobs["stages"]), int(knobs["prefetch"]),
+                bool(knobs["skip_pad"]))
 
 
 def _lora_chunk(rank: int) -> int:
@@ -228,6 +233,7 @@ class _Sm90Wgmma:
         self.smem_bytes = self.plan["total_bytes"]
         self.chunks_a = self.tm * (TILE_K // 32) // THREADS     # 32-k activation chunks per thread
         self.prefetch = cfg.prefetch
+        self.skip_pad = cfg.skip_pad
 
     @cute.jit
     def __call__(self, act: cute.Pointer, ascales: cute.Pointer, wgt: cute.Pointer, wscales: cute.Pointer,
@@ -263,8 +269,8 @@ class _Sm90Wgmma:
             cute.autovec_copy(cute.local_tile(mWq, (4,), (blk * 128 + lane_t,)), wraw[a])
             cute.autovec_copy(cute.local_tile(mWs, (2,), (blk * 32 + lane_t // 4,)), wsc[a])
 
-    def _store_act(self, sA, stage, rows, kcs, valid, raw, rsc, deq):
-        for i in range(self.chunks_a):
+    def _store_act(self, sA, stage, rows, kcs, valid, raw, rsc, deq, only=None):
+        for i in (range(self.chunks_a) if only is None else (only,)):
             sc = Int32(rsc[i][0])
             if valid is not None:
                 sc = cutlass.select_(valid[i], sc, Int32(0))
@@ -354,7 +360,12 @@ class _Sm90Wgmma:
             for t in cutlass.range_constexpr(P):      # num_kt >= 2: k-tiles 0 and 1 exist
                 self._load_act(mActW, mAscH, rows_ld, kcs, kw, t, raw[t], rsc[t])
                 self._load_w(mWq, mWs, wblk, num_kt, tidx, t, wraw[t], wsc[t])
-            self._store_act(sA, 0, rows, kcs, valid, raw[0], rsc[0], deq)
+            if cutlass.const_expr(self.skip_pad):
+                for i in cutlass.range_constexpr(self.chunks_a):
+                    if valid[i]:
+                        self._store_act(sA, 0, rows, kcs, None, raw[0], rsc[0], deq, only=i)
+            else:
+                self._store_act(sA, 0, rows, kcs, valid, raw[0], rsc[0], deq)
             self._decode_w(fragW[0], wraw[0], wsc[0])
             ktp = 1 if P == 1 else cutlass.min(P, num_kt - 1)
             self._load_act(mActW, mAscH, rows_ld, kcs, kw, ktp, raw[0], rsc[0])
@@ -374,7 +385,13 @@ class _Sm90Wgmma:
                     warpgroup.wait_group(1)     # this warpgroup's k-tile kt-1 is done
                     # k-tile kt+1 (raw bytes already in registers) -> stage (kt+1)%S, other fragment buffer;
                     # past the end this decodes the last k-tile again into a stage nobody reads
-                    self._store_act(sA, (kt + 1) % S, rows, kcs, valid, raw[rs], rsc[rs], deq)
+                    if cutlass.const_expr(self.skip_pad):
+                        # rows >= m only feed accumulator columns that are never stored: not decoded
+                        for i in cutlass.range_constexpr(self.chunks_a):
+                            if valid[i]:
+                                self._store_act(sA, (kt + 1) % S, rows, kcs, None, raw[rs], rsc[rs], deq, only=i)
+                    else:
+                        self._store_act(sA, (kt + 1) % S, rows, kcs, valid, raw[rs], rsc[rs], deq)
                     self._decode_w(fragW[1 - half], wraw[rs], wsc[rs])
                     nxt = cutlass.min(kt + 1 + P, num_kt - 1)      # same parity as kt+1 when P = 2
                     self._load_act(mActW, mAscH, rows_ld, kcs, kw, nxt, raw[rs], rsc[rs])
@@ -470,10 +487,11 @@ class _Sm90Wgmma:
 
 def config_axes(arch: str, section: dict) -> tuple[list[dict], list[str]]:
     """``variants.sm_90a.gemm_w4a4`` -> tuning-knob dicts; keys ``tiles`` ([[tile_m, tile_n, tile_k], ...]),
-    ``stages`` ([auto | 3 | 4, ...]; auto = the deepest that fits) and ``prefetch`` ([1 | 2, ...]; default [1])."""
+    ``stages`` ([auto | 3 | 4, ...]; auto = the deepest that fits), ``prefetch`` ([1 | 2, ...]; default [1])
+    and ``skip_pad`` ([false | true]; default [false])."""
     problems: list[str] = []
-    for key in sorted(set(section) - {"tiles", "stages", "prefetch"}):
-        problems.append(f"{key}: unknown key (allowed: tiles, stages, prefetch)")
+    for key in sorted(set(section) - {"tiles", "stages", "prefetch", "skip_pad"}):
+        problems.append(f"{key}: unknown key (allowed: tiles, stages, prefetch, skip_pad)")
     tiles = section.get("tiles", [list(DEFAULT_TILE)])
     good_tiles = []
     if not isinstance(tiles, list) or not tiles:
@@ -488,22 +506,28 @@ def config_axes(arch: str, section: dict) -> tuple[list[dict], list[str]]:
         else:
             good_tiles.append(t)
     lists = {}
-    for key, default, auto in (("stages", ["auto"], True), ("prefetch", [1], False)):
+    for key, default, kind in (("stages", ["auto"], "auto"), ("prefetch", [1], "int"), ("skip_pad", [False], "bool")):
         vals = section.get(key, default)
         good = []
         if not isinstance(vals, list) or not vals:
             problems.append(f"{key}: {vals!r}: expected a non-empty list")
             vals = []
         for i, v in enumerate(vals):
-            if not ((auto and v == "auto") or (isinstance(v, int) and not isinstance(v, bool) and v >= 1)):
-                problems.append(f"{key}[{i}]: {v!r}: expected a positive integer" + (" or 'auto'" if auto else ""))
+            if kind == "bool":
+                ok, want = isinstance(v, bool), "true or false"
+            else:
+                ok = (kind == "auto" and v == "auto") or (isinstance(v, int) and not isinstance(v, bool) and v >= 1)
+                want = "a positive integer" + (" or 'auto'" if kind == "auto" else "")
+            if not ok:
+                problems.append(f"{key}[{i}]: {v!r}: expected {want}")
             elif v in good:
                 problems.append(f"{key}[{i}]: {v!r}: duplicate value")
             else:
                 good.append(v)
         lists[key] = good
-    return [dict(tile_m=t[0], tile_n=t[1], tile_k=t[2], stages=s, prefetch=p)
-            for t in good_tiles for s in lists["stages"] for p in lists["prefetch"]], problems
+    return [dict(tile_m=t[0], tile_n=t[1], tile_k=t[2], stages=s, prefetch=p, skip_pad=sp)
+            for t in good_tiles for s in lists["stages"] for p in lists["prefetch"] for sp in lists["skip_pad"]], \
+        problems
 
 
 def resolve(arch: str, knobs: dict) -> dict:

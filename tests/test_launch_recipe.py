@@ -118,7 +118,8 @@ def _sm90() -> Kernel:
             if os.path.exists(os.path.join(root, "sm90_wgmma_w4a4.py")):  # the family API
                 K = importlib.import_module("svdq_kernels.sm90_wgmma_w4a4")
                 knobs = dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, scale_layout="logical",
-                             tile_m=128, tile_n=128, tile_k=64, stages=4, prefetch=1)
+                             tile_m=128, tile_n=128, tile_k=64, stages=4, prefetch=1,
+                 skip_pad=False)
                 cv = K.compile("sm_90a", knobs, "svdq_test_recipe", d)
             else:
                 K = importlib.import_module("svdq_kernels.sm90_w4a4")

@@ -4,8 +4,8 @@
 # 1. GPU numerics of both operators (tests/test_gpu_*.py; stops after 5 failures);
 # 2. the bench on the shapes of configs/bench_issue7.yaml (SVDQ_BENCH_ARGS adds/overrides options);
 # 3. ncu of one launch per tile (tensor-pipe utilisation, stall reasons), if ncu runs;
-# 4. with ART_B=DIR (e.g. built from configs/h200_sm90_prefetch2.yaml): the feature-grid numerics and
-#    the same bench against those artifacts too (bench_b.*), for an A/B of two builds.
+# 4. with ART_B="DIR ..." (e.g. built from configs/h200_sm90_b.yaml, h200_sm90_c.yaml): for each, the
+#    feature-grid numerics and the same bench (bench_<dir>.*), an A/B against the first build.
 # Everything lands in $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/svdq-out}
@@ -28,12 +28,13 @@ if command -v ncu >/dev/null && [ "$T_NCU" -gt 0 ]; then
         python3 tools/sm90_one_call.py >"$OUT/ncu.log" 2>&1
     echo "ncu exit $?"; grep -vE "^==PROF==" "$OUT/ncu.log" | tail -30
 fi
-if [ -n "${ART_B:-}" ]; then
-    SVDQ_ARTIFACTS="$ART_B" timeout "$T_TEST" python3 -m pytest -q -p no:cacheprovider --maxfail=5 \
-        tests/test_gpu_gemm.py -k "test_features or test_other_ranks" >"$OUT/gpu_tests_b.log" 2>&1
-    echo "gpu tests ($ART_B) exit $?"; grep -E "passed|failed|error" "$OUT/gpu_tests_b.log" | tail -3
-    timeout "$T_BENCH" python3 -m svdq_loader.testing.bench "$ART_B" --config configs/bench_issue7.yaml \
+for B in ${ART_B:-}; do
+    tag=$(basename "$B")
+    SVDQ_ARTIFACTS="$B" timeout "$T_TEST" python3 -m pytest -q -p no:cacheprovider --maxfail=5 \
+        tests/test_gpu_gemm.py -k "test_features or test_other_ranks" >"$OUT/gpu_tests_$tag.log" 2>&1
+    echo "gpu tests ($B) exit $?"; grep -E "passed|failed|error" "$OUT/gpu_tests_$tag.log" | tail -3
+    timeout "$T_BENCH" python3 -m svdq_loader.testing.bench "$B" --config configs/bench_issue7.yaml \
         --op gemm_w4a4 --dtype bf16 --m 16,256,1024,4608 --quick ${SVDQ_BENCH_ARGS:-} \
-        --json "$OUT/bench_b.json" --table "$OUT/bench_b.md" >"$OUT/bench_b.log" 2>&1
-    echo "bench ($ART_B) exit $?"; grep -E "^\|" "$OUT/bench_b.log" | head -14
-fi
+        --json "$OUT/bench_$tag.json" --table "$OUT/bench_$tag.md" >"$OUT/bench_$tag.log" 2>&1
+    echo "bench ($B) exit $?"; grep -E "^\|" "$OUT/bench_$tag.log" | head -14
+done
