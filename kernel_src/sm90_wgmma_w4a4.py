@@ -80,6 +80,9 @@ TUNING: dict[str, tuple] = dict(
     # True: activation rows >= m are neither decoded nor stored (they only feed accumulator columns that
     # are never written); False: decoded with a zero scale, the measured form
     skip_pad=(False, True),
+    # activation E2M1 decode: "shift" = shifts and masks per pair (measured); "prmt" = two byte forms per
+    # 32-bit word, then one byte permute + one mask per pair
+    act_decode=("shift", "prmt"),
 )
 FEATURE_VALUES: dict[str, tuple] = dict(
     out_dtype=("fp16", "bf16"),
@@ -113,12 +116,13 @@ class _Cfg:
     stages: int
     prefetch: int = 1
     skip_pad: bool = False
+    act_decode: str = "shift"
 
 
 def _cfg_of(knobs: dict) -> _Cfg:
     return _Cfg(str(knobs["out_dtype"]), int(knobs["rank"]), bool(knobs["wcscale"]), bool(knobs["bias"]),
                 int(knobs["tile_m"]), int(knobs["tile_n"]), int(knobs["stages"]), int(knobs["prefetch"]),
-                bool(knobs["skip_pad"]))
+                bool(knobs["skip_pad"]), str(knobs["act_decode"]))
 
 
 def _lora_chunk(rank: int) -> int:
@@ -201,6 +205,29 @@ def _wdecode(word, scale2, p: int, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def _byte_form(word, high: int, *, loc=None, ip=None):
+    """The low (high=0) or high (high=1) nibble of each byte of a logical NVFP4 word, moved to the byte's
+    fp16-high-byte position: magnitude at bits 1-3, sign at bit 7."""
+    if high == 0:
+        text = ("{\n\t.reg .b32 a, b;\n\tshl.b32 a, $1, 1;\n\tand.b32 a, a, 0x0E0E0E0E;\n\t"
+                "shl.b32 b, $1, 4;\n\tand.b32 b, b, 0x80808080;\n\tor.b32 $0, a, b;\n\t}")
+    else:
+        text = ("{\n\t.reg .b32 a, b;\n\tshr.b32 a, $1, 3;\n\tand.b32 a, a, 0x0E0E0E0E;\n\t"
+                "and.b32 b, $1, 0x80808080;\n\tor.b32 $0, a, b;\n\t}")
+    return _asm(None, [word], text, "=r,r")
+
+
+@dsl_user_op
+def _adecode_prmt(lo_form, hi_form, scale2, byte: int, *, loc=None, ip=None):
+    """Pair `byte` from the two byte forms: one byte permute, one mask, one mul.f16x2."""
+    sel = byte | (byte << 4) | ((4 + byte) << 8) | ((4 + byte) << 12)
+    return _asm(None, [lo_form, hi_form, scale2],
+                "{\n\t.reg .b32 a;\n\tprmt.b32 a, $1, $2, 0x%04X;\n\tand.b32 a, a, 0x8E008E00;\n\t"
+                "mul.rn.f16x2 $0, a, $3;\n\t}" % sel,
+                "=r,r,r,r")
+
+
+@dsl_user_op
 def _adecode(word, scale2, byte: int, *, loc=None, ip=None):
     """Byte `byte` of a logical NVFP4 word (low nibble = even k) times the broadcast scale -> fp16x2."""
     return _asm(None, [word, scale2],
@@ -234,6 +261,7 @@ class _Sm90Wgmma:
         self.chunks_a = self.tm * (TILE_K // 32) // THREADS     # 32-k activation chunks per thread
         self.prefetch = cfg.prefetch
         self.skip_pad = cfg.skip_pad
+        self.act_decode = cfg.act_decode
 
     @cute.jit
     def __call__(self, act: cute.Pointer, ascales: cute.Pointer, wgt: cute.Pointer, wscales: cute.Pointer,
@@ -279,8 +307,13 @@ class _Sm90Wgmma:
             b1 = _bcast(s2, 1)
             for w in range(4):
                 s = b0 if w < 2 else b1
-                for b in range(4):
-                    deq[i][w * 4 + b] = _adecode(raw[i][w], s, b)
+                if self.act_decode == "prmt":
+                    lo, hi = _byte_form(raw[i][w], 0), _byte_form(raw[i][w], 1)
+                    for b in range(4):
+                        deq[i][w * 4 + b] = _adecode_prmt(lo, hi, s, b)
+                else:
+                    for b in range(4):
+                        deq[i][w * 4 + b] = _adecode(raw[i][w], s, b)
             dst = cute.local_tile(sA[None, None, stage], (1, 32), (rows[i], kcs[i]))
             cute.autovec_copy(cute.recast_tensor(deq[i], Float16), dst)
 
@@ -488,10 +521,10 @@ class _Sm90Wgmma:
 def config_axes(arch: str, section: dict) -> tuple[list[dict], list[str]]:
     """``variants.sm_90a.gemm_w4a4`` -> tuning-knob dicts; keys ``tiles`` ([[tile_m, tile_n, tile_k], ...]),
     ``stages`` ([auto | 3 | 4, ...]; auto = the deepest that fits), ``prefetch`` ([1 | 2, ...]; default [1])
-    and ``skip_pad`` ([false | true]; default [false])."""
+    ``skip_pad`` ([false | true]; default [false]) and ``act_decode`` ([shift | prmt]; default [shift])."""
     problems: list[str] = []
-    for key in sorted(set(section) - {"tiles", "stages", "prefetch", "skip_pad"}):
-        problems.append(f"{key}: unknown key (allowed: tiles, stages, prefetch, skip_pad)")
+    for key in sorted(set(section) - {"tiles", "stages", "prefetch", "skip_pad", "act_decode"}):
+        problems.append(f"{key}: unknown key (allowed: tiles, stages, prefetch, skip_pad, act_decode)")
     tiles = section.get("tiles", [list(DEFAULT_TILE)])
     good_tiles = []
     if not isinstance(tiles, list) or not tiles:
@@ -506,7 +539,8 @@ def config_axes(arch: str, section: dict) -> tuple[list[dict], list[str]]:
         else:
             good_tiles.append(t)
     lists = {}
-    for key, default, kind in (("stages", ["auto"], "auto"), ("prefetch", [1], "int"), ("skip_pad", [False], "bool")):
+    for key, default, kind in (("stages", ["auto"], "auto"), ("prefetch", [1], "int"), ("skip_pad", [False], "bool"),
+                               ("act_decode", ["shift"], "name")):
         vals = section.get(key, default)
         good = []
         if not isinstance(vals, list) or not vals:
@@ -515,6 +549,8 @@ def config_axes(arch: str, section: dict) -> tuple[list[dict], list[str]]:
         for i, v in enumerate(vals):
             if kind == "bool":
                 ok, want = isinstance(v, bool), "true or false"
+            elif kind == "name":
+                ok, want = isinstance(v, str), "a name (" + ", ".join(TUNING[key]) + ")"
             else:
                 ok = (kind == "auto" and v == "auto") or (isinstance(v, int) and not isinstance(v, bool) and v >= 1)
                 want = "a positive integer" + (" or 'auto'" if kind == "auto" else "")
@@ -525,9 +561,9 @@ def config_axes(arch: str, section: dict) -> tuple[list[dict], list[str]]:
             else:
                 good.append(v)
         lists[key] = good
-    return [dict(tile_m=t[0], tile_n=t[1], tile_k=t[2], stages=s, prefetch=p, skip_pad=sp)
-            for t in good_tiles for s in lists["stages"] for p in lists["prefetch"] for sp in lists["skip_pad"]], \
-        problems
+    return [dict(tile_m=t[0], tile_n=t[1], tile_k=t[2], stages=s, prefetch=p, skip_pad=sp, act_decode=ad)
+            for t in good_tiles for s in lists["stages"] for p in lists["prefetch"] for sp in lists["skip_pad"]
+            for ad in lists["act_decode"]], problems
 
 
 def resolve(arch: str, knobs: dict) -> dict:

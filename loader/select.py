@@ -29,10 +29,11 @@ class Problem:
 
 def _gemm_sm90(p: Problem, v) -> tuple:
     """Fewest padded activation rows (each is dequantized and multiplied), then the larger tile, then the
-    measured forms (prefetch 1, skip_pad off: run on the H200; prefetch 2 and skip_pad are compiled only)."""
+    measured forms (prefetch 1, skip_pad off, act_decode shift: run on the H200; the others are compiled only)."""
     d = p.dim
     tm, tn = v.knobs["tile_m"], v.knobs["tile_n"]
-    return (-(-d["m"] // tm) * tm, -tm * tn, v.knobs.get("prefetch", 1), v.knobs.get("skip_pad", False))
+    return (-(-d["m"] // tm) * tm, -tm * tn, v.knobs.get("prefetch", 1), v.knobs.get("skip_pad", False),
+            v.knobs.get("act_decode", "shift") != "shift")
 
 
 def _by_name(p: Problem, v) -> tuple:

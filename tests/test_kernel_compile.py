@@ -33,7 +33,7 @@ def make_knobs(out_dtype="fp16", rank=32, wcscale=True, bias=True, **kw):
     """A complete knob dict: the op's features (spec order), then the family's tuning knobs."""
     knobs = dict(out_dtype=out_dtype, rank=rank, wcscale=wcscale, bias=bias, scale_layout="logical",
                  tile_m=DEFAULT_TM, tile_n=DEFAULT_TN, tile_k=DEFAULT_TK, stages=sm90.DEFAULT_STAGES,
-                 prefetch=1, skip_pad=False)
+                 prefetch=1, skip_pad=False, act_decode="shift")
     knobs.update(kw)
     return knobs
 
@@ -62,7 +62,8 @@ def test_family_meets_the_contract():
     check_family(sm90)
     assert isinstance(sm90, Family)
     assert sm90.OP == "gemm_w4a4" and sm90.ARCHS == ("sm_90a",) and sm90.NAME == "sm90_wgmma_w4a4"
-    assert set(sm90.TUNING) == {"tile_m", "tile_n", "tile_k", "stages", "prefetch", "skip_pad"}
+    assert set(sm90.TUNING) == {"tile_m", "tile_n", "tile_k", "stages", "prefetch", "skip_pad",
+                                 "act_decode"}
     assert not set(sm90.TUNING) & set(GEMM_W4A4.feature_names)
     assert tuple(sm90.FEATURE_VALUES) == GEMM_W4A4.feature_names
 
@@ -102,6 +103,7 @@ def test_invalid_reason_accepts_every_rank_and_tile():
     (dict(tile_k=128), "tile_k 128 not supported"),
     (dict(stages=2), "stages 2 not supported"),
     (dict(prefetch=3), "prefetch 3 not supported"),
+    (dict(act_decode="lut"), "act_decode 'lut' not supported"),
     (dict(prefetch=2, tile_m=256), "prefetch 2 with tile_m=256"),
     (dict(rank=24), "rank 24 not supported"),
     (dict(out_dtype="fp8"), "out_dtype 'fp8' not supported"),
@@ -129,15 +131,16 @@ def test_variant_name_requirements_and_resolve():
     k = make_knobs(out_dtype="bf16", rank=32)
     v = Variant.make("gemm_w4a4", ARCH, k)
     assert v.name == ("svdq_gemm_w4a4_sm90a_outdtypebf16_rank32_wcscale1_bias1"
-                      "_tilem128_tilen128_tilek64_stages4_prefetch1_skippad0_reqn128k128")
+                      "_tilem128_tilen128_tilek64_stages4_prefetch1_skippad0_actdecodeshift_reqn128k128")
     assert v.name == name_of(k) and v.knob_dict == k and v.family() is sm90
     # N is tiled by 128 weight rows; K by 64, and the k loop is unrolled by two
     assert v.requirements() == {"n_multiple": 128, "k_multiple": 128}
     assert sm90.resolve(ARCH, dict(k, stages="auto")) == k
     assert sm90.config_axes(ARCH, {}) == ([dict(tile_m=128, tile_n=128, tile_k=64, stages="auto", prefetch=1,
-                                                   skip_pad=False)], [])
+                                                   skip_pad=False, act_decode="shift")], [])
     axes, problems = sm90.config_axes(ARCH, {"tiles": [[256, 128, 64], [256, 128, 64]], "clusters": [[1, 1]]})
-    assert axes == [dict(tile_m=256, tile_n=128, tile_k=64, stages="auto", prefetch=1, skip_pad=False)]
+    assert axes == [dict(tile_m=256, tile_n=128, tile_k=64, stages="auto", prefetch=1, skip_pad=False,
+                         act_decode="shift")]
     assert any(p.startswith("clusters:") for p in problems)
     assert any(p.startswith("tiles[1]:") and "duplicate" in p for p in problems)
     axes, problems = sm90.config_axes(ARCH, {"prefetch": [1, 2, 2]})
@@ -189,7 +192,8 @@ COMPILE_CASES = [
     dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, prefetch=2),
     dict(out_dtype="fp16", rank=256, wcscale=True, bias=True, prefetch=2),
     dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, tile_m=256, skip_pad=True),
-    dict(out_dtype="fp16", rank=96, wcscale=True, bias=True, prefetch=2, skip_pad=True),
+    dict(out_dtype="fp16", rank=96, wcscale=True, bias=True, prefetch=2, skip_pad=True, act_decode="prmt"),
+    dict(out_dtype="bf16", rank=64, wcscale=False, bias=True, tile_m=256, skip_pad=True, act_decode="prmt"),
 ]
 
 

@@ -105,3 +105,32 @@ def test_prepare_weight_converts_by_arch_and_refuses_untileable_shapes(monkeypat
     w96, s96 = _random_weight(96, 128, seed=4)
     with pytest.raises(InvalidArgument, match=r"sm90_frag weight format needs N % 64 == 0 .* N=96, K=128"):
         gemm_op.prepare_weight(w96, s96, arch="sm_90a")
+
+
+def _prmt(a, b, sel):
+    """PTX prmt.b32 (default mode) on int64 tensors: result byte i = byte (sel nibble i & 7) of {b, a}, or
+    that byte's sign replicated when the nibble's bit 3 is set."""
+    src = torch.stack([(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)])
+    out = torch.zeros_like(a)
+    for i in range(4):
+        nib = (sel >> (4 * i)) & 0xF
+        byte = src[nib & 7]
+        if nib & 8:
+            byte = torch.where(byte >= 0x80, 0xFF, 0)
+        out |= byte << (8 * i)
+    return out
+
+
+def test_prmt_activation_decode_matches_the_shift_decode_bit_for_bit():
+    """act_decode="prmt": two byte forms per word, then prmt + mask per pair == the shift/mask patterns."""
+    g = torch.Generator().manual_seed(7)
+    words = torch.cat([torch.randint(0, 2**32, (4096,), dtype=torch.int64, generator=g),
+                       torch.arange(256, dtype=torch.int64) * 0x01010101])      # every byte in every position
+    lo_form = ((words << 1) & 0x0E0E0E0E) | ((words << 4) & 0x80808080)
+    hi_form = ((words >> 3) & 0x0E0E0E0E) | (words & 0x80808080)
+    for byte in range(4):
+        sel = byte | (byte << 4) | ((4 + byte) << 8) | ((4 + byte) << 12)
+        got = _prmt(lo_form, hi_form, sel) & 0x8E008E00
+        y = words >> (8 * byte)
+        want = ((y << 9) & 0x0E00) | ((y << 12) & 0x8000) | ((y << 21) & 0x0E000000) | ((y << 24) & 0x80000000)
+        assert torch.equal(got, want), byte
