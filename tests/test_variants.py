@@ -202,8 +202,9 @@ def test_real_registry_flux_enumerates():
     ops = {(x.op, x.arch) for x in valid}
     assert {("gemm_w4a4", "sm_90a"), ("quantize_act", "sm_90a"), ("quantize_act", "sm_100a"),
             ("quantize_act", "sm_103a"), ("gemm_w4a4", "sm_100a"), ("gemm_w4a4", "sm_103a")} <= ops
-    # one tile per arch: every (out_dtype, rank, wcscale, bias) combination, on three archs
-    assert sum(x.op == "gemm_w4a4" for x in valid) == 3 * 2 * 6 * 2 * 2
+    # out_dtypes x ranks (0, 16, 32, 48, 64, 96, 128) x wcscale x bias: two tiles on sm_90a, one on
+    # each Blackwell arch
+    assert sum(x.op == "gemm_w4a4" for x in valid) == 2 * 7 * 2 * 2 * (2 + 1 + 1)
     bw = [x for x in valid if x.op == "gemm_w4a4" and x.arch != "sm_90a"]
     assert all(dict(x.knobs)["cta_group"] == 2 and dict(x.knobs)["ab_stages"] >= 4 for x in bw)
     check_coverage(cfg, valid, rejected)
