@@ -14,7 +14,9 @@ Guarantees
   at a file whose hash no longer matches); identical files are left as they
   are.  Files from the previous build that the new manifest does not
   reference (``*.cubin``, ``*.host.json``, leftover temp files) are removed
-  only after the new manifest is in place.  Other files (a README, ...)
+  only after the new manifest is in place.  So is a tuning table
+  (``tuning.json``) measured for another manifest: the loader would refuse
+  it, and its numbers describe other kernels.  Other files (a README, ...)
   are never touched.
 * One build at a time per directory: an advisory lock (``flock``) on
   ``<dir>/.svdq-aot.lock``, held for the whole write.  A second build into
@@ -37,7 +39,8 @@ try:
 except ImportError:  # pragma: no cover - non-POSIX
     fcntl = None  # type: ignore[assignment]
 
-from svdq_loader.manifest import MANIFEST_NAME, Manifest
+from svdq_loader.manifest import MANIFEST_NAME, Manifest, body_checksum
+from svdq_loader.tuning_table import TABLE_NAME
 
 LOCK_NAME = ".svdq-aot.lock"
 #: Suffixes of files this tool owns in an artifact directory (stale ones are removed).
@@ -211,6 +214,22 @@ class ArtifactDir:
 
         # 4. Stale files from earlier builds, only now that the new manifest is in place.
         self.removed = self.remove_stale(referenced)
+        if self._drop_stale_tuning(body_checksum(manifest.body())):
+            self.removed.append(TABLE_NAME)
+
+    def _drop_stale_tuning(self, checksum: str) -> bool:
+        """Remove a tuning table measured for another manifest (or unreadable). True if one was removed."""
+        path = self.dir / TABLE_NAME
+        if not path.is_file():
+            return False
+        try:
+            if json.loads(path.read_bytes()).get("manifest_checksum") == checksum:
+                return False
+        except Exception:  # noqa: BLE001 - an unreadable table is stale too
+            pass
+        os.unlink(path)
+        _fsync_dir(self.dir)
+        return True
 
     def remove_stale(self, referenced: Iterable[str]) -> list[str]:
         referenced = set(referenced)

@@ -15,10 +15,11 @@ from ._version import __version__
 __all__ = ["__version__", "load", "Library"]
 
 
-def load(path: str = "artifacts"):
-    """Read, validate, sha256-verify and cross-check the artifacts in `path` (no CUDA call)."""
+def load(path: str = "artifacts", tuning=True):
+    """Read, validate, sha256-verify and cross-check the artifacts in `path` and their tuning table
+    (``tuning``: True uses ``<path>/tuning.json`` when present, False none, or a table's path); no CUDA call."""
     from .library import load as _load
-    return _load(path)
+    return _load(path, tuning)
 
 
 def __getattr__(name):
