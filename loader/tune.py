@@ -143,10 +143,10 @@ def make_table(manifest, entries, measured_on: dict, method: dict, source: str) 
 # Measurement (torch and a CUDA GPU)
 # ---------------------------------------------------------------------------
 
-def kernel_driver_version() -> str | None:
+def kernel_driver_version(path: str = "/proc/driver/nvidia/version") -> str | None:
     """The NVIDIA kernel driver version ('570.124.06') where the OS shows it, else None."""
     try:
-        with open("/proc/driver/nvidia/version") as f:
+        with open(path) as f:
             m = re.search(r"Kernel Module\s+(?:for\s+\S+\s+)?(\d+\.\d+(?:\.\d+)?)", f.read())
         return m.group(1) if m else None
     except OSError:

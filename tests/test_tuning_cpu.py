@@ -419,6 +419,26 @@ def test_tune_cli_writes_the_table_it_measured(two_artifacts, tmp_path, monkeypa
     assert len(json.loads((art / TABLE_NAME).read_text())["entries"]) == 3        # the folder's table untouched
 
 
+@pytest.mark.parametrize("text, want", [
+    ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.124.06  Wed Feb 26 05:55:41 UTC 2025\n", "570.124.06"),
+    ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build  (dvs-builder@U16)\n",
+     "580.65.06"),
+    ("something else\n", None),
+])
+def test_kernel_driver_version_from_proc(tmp_path, text, want):
+    (tmp_path / "version").write_text(text)
+    assert tune.kernel_driver_version(str(tmp_path / "version")) == want
+    assert tune.kernel_driver_version(str(tmp_path / "absent")) is None
+
+
+def test_device_name_strips_the_nul_padding(monkeypatch):
+    from svdq_loader import driver
+    monkeypatch.setattr(driver, "_device", lambda ordinal: ordinal)
+    monkeypatch.setattr(driver.cu, "cuDeviceGetName", lambda n, dev: (
+        driver.cu.CUresult.CUDA_SUCCESS, b"NVIDIA H200" + b"\0" * (n - 11)))
+    assert driver.device_name(0) == "NVIDIA H200"
+
+
 # ---------------------------------------------------------------- a rebuild drops a stale table
 def test_rebuild_drops_a_table_measured_for_other_kernels(two_artifacts, tmp_path):
     from svdq_aot.build import build
