@@ -36,6 +36,14 @@ from .tuning_table import Entry, TuningTable
 #: Ms measured per op when none are given: each M bucket gets those inside it.
 DEFAULT_M = {"gemm_w4a4": (16, 64, 256, 1024, 4608, 9728), "quantize_act": (256, 4608)}
 MIN_GAIN = 0.02
+#: At most this many input copies per problem (the bench stops at 64, which leaves a small problem's
+#: inputs partly L2-resident; small copies are cheap, and a pass must move more than twice the L2).
+MAX_SETS = 2048
+
+
+def n_sets(bytes_per_set: int, l2_bytes: int) -> int:
+    """Fewest input copies whose one pass moves more than twice the L2 (at most `MAX_SETS`)."""
+    return max(1, min(MAX_SETS, 2 * l2_bytes // max(1, bytes_per_set) + 1))
 
 
 @dataclass(frozen=True)
@@ -172,7 +180,7 @@ def _inputs(lib, op: str, feats: dict, dims: dict, l2: int, seed: int, dev: str 
     """(number of input sets, call(i)): rotating copies of one problem's inputs and outputs on `dev`."""
     import torch
     from .ops.layouts import scale_shape
-    from .testing.bench import n_sets_for, quant_bytes
+    from .testing.bench import quant_bytes
     g = torch.Generator(device=dev).manual_seed(seed)
 
     def u8(*s):
@@ -189,7 +197,7 @@ def _inputs(lib, op: str, feats: dict, dims: dict, l2: int, seed: int, dev: str 
         n, tdt, layout = dims["n"], _tdtype(feats["out_dtype"]), feats["scale_layout"]
         per = m * k // 2 + m * k // 16 + n * k // 2 + n * k // 16 + 2 * r * (m + n) + 8 * n + 2 * m * n
         sets = []
-        for _ in range(n_sets_for(per, l2)):
+        for _ in range(n_sets(per, l2)):
             w = lib.prepare_weight(u8(n, k // 2), scales(scale_shape(layout, n, k)),
                                    lora_up=half(n, r) if r else None,
                                    wcscale=torch.rand(n, device=dev, generator=g) + 0.5 if feats["wcscale"] else None,
@@ -204,7 +212,7 @@ def _inputs(lib, op: str, feats: dict, dims: dict, l2: int, seed: int, dev: str 
     if op == "quantize_act":
         tdt, layout = _tdtype(feats["dtype"]), feats["scale_layout"]
         sets = []
-        for _ in range(n_sets_for(quant_bytes(m, k, r), l2)):
+        for _ in range(n_sets(quant_bytes(m, k, r), l2)):
             sets.append((half(m, k), (torch.rand(k, device=dev, generator=g) * 1.5 + 0.5).to(tdt),
                          half(k, r, scale=k ** -0.5) if r else None,
                          torch.empty(m, k // 2, dtype=torch.uint8, device=dev),
@@ -226,11 +234,11 @@ def measure(lib, p: select.Problem, names, settings=None, device=None, seed: int
     props = torch.cuda.get_device_properties(device if device is not None else torch.cuda.current_device())
     l2 = getattr(props, "L2_cache_size", 0) or 64 << 20
     spec = OPS[p.op]
-    n_sets, call = _inputs(lib, p.op, dict(zip(spec.feature_names, p.features)), dict(p.dims), l2, seed)
+    count, call = _inputs(lib, p.op, dict(zip(spec.feature_names, p.features)), dict(p.dims), l2, seed)
     out = {}
     for name in names:
         with lib.pinned(name, p, device):
-            out[name] = time_calls(call, n_sets, st)["us"]
+            out[name] = time_calls(call, count, st)["us"]
     del call
     torch.cuda.synchronize()
     return out

@@ -389,6 +389,10 @@ def test_tune_inputs_have_the_ops_shapes_dtypes_and_rotate_past_twice_the_l2():
     assert _shapes(q.calls[0]) == {"x": ((200, 256), torch.float16), "smooth": ((256,), torch.float16),
                                    "lora_down": None, "out_act": ((200, 128), u8),
                                    "out_scales": ((2, 4, 32, 4, 4), f8), "out_lora": None}
+    # a small problem needs more copies than the bench's 64 for one pass to move twice the L2
+    from svdq_loader.testing.bench import quant_bytes
+    n_small, _ = tune._inputs(_Recording(), "quantize_act", feats, dict(m=16, k=64), l2=1 << 20, seed=3, dev="cpu")
+    assert n_small > 64 and n_small * quant_bytes(16, 64, 0) > 2 << 20 >= (n_small - 1) * quant_bytes(16, 64, 0)
 
 
 def test_tune_cli_writes_the_table_it_measured(two_artifacts, tmp_path, monkeypatch):
