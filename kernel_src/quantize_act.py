@@ -145,6 +145,16 @@ def _pitch(rank: int) -> int:
     return 2 * rank + 16
 
 
+#: Ranks whose x arrives through the SMEM ring instead of registers: there the register form keeps
+#: a stack frame (rank 96: 8 bytes at 255 registers), the ring form does not (249).  Everywhere else
+#: the register form is faster on the H200 (docs/PERF.md: 23.0 vs 31.6 us at M = 4608, K = 3072, R = 32).
+_RING_RANKS = (96,)
+
+
+def _uses_ring(cfg: _Cfg) -> bool:
+    return cfg.rank in _RING_RANKS
+
+
 def _x_stages(cfg: _Cfg) -> int:
     """Steps of x (and of smooth) in flight per warp: each is copied `_x_stages - 1` steps ahead.  With LoRA
     the tile of step i is committed between x of steps i and i + 1, which caps the useful depth at 3."""
@@ -161,7 +171,8 @@ def _lora_tiles_bytes(cfg: _Cfg) -> int:
 
 
 def _warp_smem(cfg: _Cfg) -> int:
-    return _RS_BYTES + _lora_tiles_bytes(cfg) + _x_stages(cfg) * (_x_stage_bytes(cfg) + _SM_STAGE_BYTES)
+    ring = _x_stages(cfg) * (_x_stage_bytes(cfg) + _SM_STAGE_BYTES) if _uses_ring(cfg) else 0
+    return _RS_BYTES + _lora_tiles_bytes(cfg) + ring
 
 
 def _smem_bytes(cfg: _Cfg) -> int:
@@ -183,9 +194,9 @@ def _problem(cfg: _Cfg, arch: str) -> Optional[str]:
         return f"rank {cfg.rank} is not a multiple of 16 (mma k/n tiling)"
     smem = _smem_bytes(cfg)
     if smem > SMEM_LIMIT_BYTES:
-        return (f"needs {smem} B of dynamic SMEM ({cfg.warps} warps x {_warp_smem(cfg)} B: {_x_stages(cfg)} x "
-                f"stages of {_x_stage_bytes(cfg)} B, rank {cfg.rank} lora_down tiles of "
-                f"{_lora_tiles_bytes(cfg)} B), more than the {SMEM_LIMIT_BYTES} B a CTA may use")
+        ring = f"{_x_stages(cfg)} x stages of {_x_stage_bytes(cfg)} B, " if _uses_ring(cfg) else ""
+        return (f"needs {smem} B of dynamic SMEM ({cfg.warps} warps x {_warp_smem(cfg)} B: {ring}rank {cfg.rank} "
+                f"lora_down tiles of {_lora_tiles_bytes(cfg)} B), more than the {SMEM_LIMIT_BYTES} B a CTA may use")
     regs = _est_registers(cfg)
     if regs > 255:
         return (f"needs about {regs} registers per thread (mtiles {cfg.mtiles} x rank {cfg.rank} fp32 "
@@ -470,6 +481,7 @@ class _QuantizeAct:
         self.blocked = cfg.scale_layout == "blocked"
         self.P = _pitch(cfg.rank)
         self.warp_smem = _warp_smem(cfg)
+        self.ring = _uses_ring(cfg)
         self.NS = _x_stages(cfg)
         self.xstage = _x_stage_bytes(cfg)
         self.smem_bytes = _smem_bytes(cfg)
@@ -539,16 +551,33 @@ class _QuantizeAct:
             acc.fill(0.0)
             c.acc, c.ldb, c.nchunk = acc, lora_down.toint(), R // 8
 
-        # ---- prologue: copies in the order the steps keep (x_i, L_i, x_i+1, L_i+1, ...) --------
-        # with LoRA: x of steps 0, 1 and the tile of step 0 as (x0, L0, x1); without: x of steps 0 .. NS-2
-        for j in cutlass.range_constexpr(self.NS - 1):
-            sj = cutlass.min(warp + j * W, nsteps - 1)
-            self._copy_x(c, j, sj)
-            if use_smooth != 0:
-                self._copy_smooth(c, j, sj)
-            _cp_commit()
-            if cutlass.const_expr(R > 0 and j == 0):
-                self._copy_lora(c, 0, sj)
+        if cutlass.const_expr(self.ring):
+            # ---- ring prologue: copies in the order the steps keep (x_i, L_i, x_i+1, L_i+1, ...) ----
+            # with LoRA: (x0, L0, x1); without: x of steps 0 .. NS-2
+            for j in cutlass.range_constexpr(self.NS - 1):
+                sj = cutlass.min(warp + j * W, nsteps - 1)
+                self._copy_x(c, j, sj)
+                if use_smooth != 0:
+                    self._copy_smooth(c, j, sj)
+                _cp_commit()
+                if cutlass.const_expr(R > 0 and j == 0):
+                    self._copy_lora(c, 0, sj)
+                    _cp_commit()
+        else:
+            # ---- register prologue: the first step's x and smooth pair, then its lora_down tile ----
+            s0 = cutlass.min(warp, nsteps - 1)
+            nxt = cute.make_rmem_tensor((NG * 8,), Int32)
+            for q in cutlass.range_constexpr(NG):
+                for hv in cutlass.range_constexpr(2):
+                    v = _ld_v4(xb + Int64(xrow[q] + s0 * STEP_K + 8 * hv) * 2)
+                    for i in cutlass.range_constexpr(4):
+                        nxt[q * 8 + hv * 4 + i] = v[i]
+            sm_nxt = cute.make_rmem_tensor((1,), Int32)
+            sm_nxt[0] = _ld_pred_u32(smooth.toint() + (Int64(s0) * STEP_K + Int64(2 * lane)) * 2, use_smooth,
+                                     _ONE_PAIR[dt])
+            c.nxt, c.sm_nxt = nxt, sm_nxt
+            if cutlass.const_expr(R > 0):
+                self._copy_lora(c, 0, s0)
                 _cp_commit()
 
         if use_smooth != 0:
@@ -632,27 +661,46 @@ class _QuantizeAct:
         if R > 0:
             acc = c.acc
         it = (s - warp) // W
-        cute.arch.sync_warp()                             # everyone is done with the last rs / tile reads
-        # copies for later steps (clamped to a valid step: the last one is re-read, harmlessly)
-        if R > 0:
-            self._copy_lora(c, (it + 1) % 2, cutlass.min(s + W, nsteps - 1))
+        if self.ring:
+            cute.arch.sync_warp()                         # everyone is done with the last rs / tile reads
+            # copies for later steps (clamped to a valid step: the last one is re-read, harmlessly)
+            if R > 0:
+                self._copy_lora(c, (it + 1) % 2, cutlass.min(s + W, nsteps - 1))
+                _cp_commit()
+            sn = cutlass.min(s + (NS - 1) * W, nsteps - 1)
+            slot_n = (it + NS - 1) % NS
+            self._copy_x(c, slot_n, sn)
+            if smoothing:
+                self._copy_smooth(c, slot_n, sn)
             _cp_commit()
-        sn = cutlass.min(s + (NS - 1) * W, nsteps - 1)
-        slot_n = (it + NS - 1) % NS
-        self._copy_x(c, slot_n, sn)
-        if smoothing:
-            self._copy_smooth(c, slot_n, sn)
-        _cp_commit()
-        # x (and smooth) of this step: newer than it are x_i+NS-1 and, with LoRA, L_i+1, x_i+1, L_i
-        _cp_wait(4 if R > 0 else NS - 1)
-        slot = it % NS
-        xs = c.xring + slot * self.xstage + 16 * lane
-        cur = []
-        for q in range(NG):
-            for hv in range(2):
-                cur.extend(list(_lds_v4(xs + (2 * q + hv) * 512)))
-        if smoothing:
-            sm_cur = _lds_u32(c.sring + slot * _SM_STAGE_BYTES + 4 * lane)
+            # x (and smooth) of this step: newer than it are x_i+NS-1 and, with LoRA, L_i+1, x_i+1, L_i
+            _cp_wait(4 if R > 0 else NS - 1)
+            slot = it % NS
+            xs = c.xring + slot * self.xstage + 16 * lane
+            cur = []
+            for q in range(NG):
+                for hv in range(2):
+                    cur.extend(list(_lds_v4(xs + (2 * q + hv) * 512)))
+            if smoothing:
+                sm_cur = _lds_u32(c.sring + slot * _SM_STAGE_BYTES + 4 * lane)
+        else:
+            nxt, sm_nxt = c.nxt, c.sm_nxt
+            cur = [nxt[i] for i in range(NG * 8)]
+            sm_cur = sm_nxt[0]
+            cute.arch.sync_warp()                         # everyone is done with the last rs / tile reads
+            # the next step's x and smooth into registers (clamped: the last step is re-read, harmlessly)
+            sn = cutlass.min(s + W, nsteps - 1)
+            for q in range(NG):
+                for hv in range(2):
+                    v = _ld_v4(c.xb + Int64(c.xrow[q] + sn * STEP_K + 8 * hv) * 2)
+                    for i in range(4):
+                        nxt[q * 8 + hv * 4 + i] = v[i]
+            if smoothing:
+                sm_nxt[0] = _ld_pred_u32(c.smooth.toint() + (Int64(sn) * STEP_K + Int64(2 * lane)) * 2,
+                                         c.use_smooth, _ONE_PAIR[dt])
+            if R > 0:
+                self._copy_lora(c, (it + 1) % 2, sn)
+                _cp_commit()
 
         if smoothing:
             # reciprocals of smooth for the step's 64 k: lane computes k = 2*lane, 2*lane + 1
@@ -683,7 +731,7 @@ class _QuantizeAct:
         # ---- LoRA-down MMAs over the staged tile (issued before the code work so that
         #      their latency overlaps it) ---------------------------------------
         if R > 0:
-            _cp_wait(3)                                   # L_i (newer: x_i+NS-1, L_i+1, x_i+1)
+            _cp_wait(3 if self.ring else 1)               # L_i (newer: ring: x_i+NS-1, L_i+1, x_i+1; regs: L_i+1)
             cute.arch.sync_warp()
             cb = lbuf + (it % 2) * (STEP_K * P)
             mq = lane // 8

@@ -119,13 +119,19 @@ class DeviceKernels:
         for sym in kernel_symbols:
             self.kernels[sym] = check(cu.cuLibraryGetKernel(self.library, sym.encode()),
                                       f"cuLibraryGetKernel({sym})")
-        if expected_params:
-            self._check_params(expected_params)
         dev = _device(ordinal)
         # The device's primary context (the one torch and the runtime use);
         # launches go to it whatever context the calling thread has current.
         self.primary_ctx = check(cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
         self._primary_int = int(self.primary_ctx)
+        if expected_params:
+            # cuKernelGetParamInfo needs a current context (a process that has not touched CUDA yet,
+            # e.g. `svdq-aot selftest` before its first tensor, has none): the primary one, for the check
+            self.push_primary()
+            try:
+                self._check_params(expected_params)
+            finally:
+                self.pop()
 
         def kernel_attr(sym: str, attr: int, device: int) -> int:
             return int(check(cu.cuKernelGetAttribute(cu.CUfunction_attribute(attr), self.kernels[sym],

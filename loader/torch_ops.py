@@ -19,15 +19,17 @@ Public API (what a model calls)::
 These three functions call ``torch.ops.svdq.*``, so a model using them runs
 under ``torch.compile(fullgraph=True)`` (the fake implementations give the
 output shapes and dtypes without a GPU) and ``mode="reduce-overhead"``.
-A `PreparedWeight` is a Python object: its tensors cross the op boundary,
-not the object (`gemm_w4a4` unpacks it).  Launches go on the current stream.
+A `PreparedWeight` is a Python object: its tensors, N, K and weight-format
+name cross the op boundary, not the object (`gemm_w4a4` unpacks it; the op
+rebuilds it without converting anything again).  Launches go on the current stream.
 
 Op schemas::
 
     svdq::quantize_act(Tensor x, Tensor? smooth, Tensor? lora_down) -> (Tensor act, Tensor ascales, Tensor lora_act_in)
         (lora_act_in is [M, 0] without lora_down)
     svdq::gemm_w4a4(Tensor act, Tensor ascales, Tensor wgt, Tensor wscales, Tensor? lora_act_in, Tensor? lora_up,
-                    Tensor? wcscale, Tensor? bias, ScalarType? out_dtype) -> Tensor
+                    Tensor? wcscale, Tensor? bias, ScalarType? out_dtype, int n, int k, str weight_format) -> Tensor
+        (the weight tensors as `prepare_weight` left them, in `weight_format`: nothing is converted per call)
 
 CUDA graphs: kernels are loaded on first use, which must not happen while a
 graph is captured: call ``lib.preload()`` first (torch.compile's
@@ -104,16 +106,17 @@ def _quantize_act_fake(x, smooth, lora_down):
 @torch.library.custom_op("svdq::gemm_w4a4", mutates_args=())
 def _gemm_w4a4(act: torch.Tensor, ascales: torch.Tensor, wgt: torch.Tensor, wscales: torch.Tensor,
                lora_act_in: Optional[torch.Tensor], lora_up: Optional[torch.Tensor], wcscale: Optional[torch.Tensor],
-               bias: Optional[torch.Tensor], out_dtype: Optional[torch.dtype]) -> torch.Tensor:
-    lib = library()
-    w = lib.prepare_weight(wgt, wscales, lora_up=lora_up, wcscale=wcscale, bias=bias)
-    return lib.gemm_w4a4(act, w, ascales, lora_act_in=lora_act_in, out_dtype=out_dtype)
+               bias: Optional[torch.Tensor], out_dtype: Optional[torch.dtype], n: int, k: int,
+               weight_format: str) -> torch.Tensor:
+    w = _gemm.PreparedWeight(wgt, wscales, lora_up, wcscale, bias, int(n), int(k),
+                             int(lora_up.shape[1]) if lora_up is not None else 0, weight_format)
+    return library().gemm_w4a4(act, w, ascales, lora_act_in=lora_act_in, out_dtype=out_dtype)
 
 
 @_gemm_w4a4.register_fake
-def _gemm_w4a4_fake(act, ascales, wgt, wscales, lora_act_in, lora_up, wcscale, bias, out_dtype):
+def _gemm_w4a4_fake(act, ascales, wgt, wscales, lora_act_in, lora_up, wcscale, bias, out_dtype, n, k, weight_format):
     dt = lora_up.dtype if lora_up is not None else (out_dtype or torch.bfloat16)
-    return act.new_empty((act.shape[0], wgt.shape[0]), dtype=dt)
+    return act.new_empty((act.shape[0], n), dtype=dt)
 
 
 # ---------------------------------------------------------------------------- the public functions
@@ -128,7 +131,7 @@ def gemm_w4a4(act, ascales, weight, lora_act_in=None, out_dtype=None):
     if not isinstance(weight, _gemm.PreparedWeight):
         raise InvalidArgument(f"weight must be a PreparedWeight (lib.prepare_weight(...)), got {type(weight).__name__}")
     return torch.ops.svdq.gemm_w4a4(act, ascales, weight.wgt, weight.wscales, lora_act_in, weight.lora_up,
-                                    weight.wcscale, weight.bias, out_dtype)
+                                    weight.wcscale, weight.bias, out_dtype, weight.n, weight.k, weight.weight_format)
 
 
 def linear(x, weight, smooth=None, lora_down=None, out_dtype=None):

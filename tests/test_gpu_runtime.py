@@ -40,6 +40,9 @@ def _gen(seed):
     return g
 
 
+_LOGICAL: dict = {}
+
+
 @pytest.fixture(scope="module")
 def layer(lib):
     """A FLUX-sized W4A4 linear (K = N = 3072, R = 32, bf16): prepared weight, smooth, lora_down."""
@@ -48,6 +51,7 @@ def layer(lib):
     lora_up = (torch.randn(N, R, device="cuda", generator=g) * 0.5).to(BF)
     bias = torch.randn(N, device="cuda", generator=g)
     w = lib.prepare_weight(qw.wgt, qw.wscales, lora_up=lora_up, wcscale=qw.wcscale, bias=bias)
+    _LOGICAL[id(w)] = qw             # the tensors as given (the prepared ones are in this GPU's weight format)
     smooth = (torch.rand(K, device="cuda", generator=g) + 0.5).to(BF)
     lora_down = (torch.randn(K, R, device="cuda", generator=g) / K ** 0.5).to(BF)
     return w, smooth, lora_down
@@ -74,8 +78,9 @@ def test_eager_pipeline_matches_float64(lib, layer):
     x = _x(77, 2)
     act, ascales, la = lib.quantize_act(x, smooth=smooth, lora_down=lora_down)
     y = lib.gemm_w4a4(act, w, ascales, lora_act_in=la)
-    expect = ref.reference_torch_f64(act, w.wgt, ascales, w.wscales, lora_act_in=la, lora_up=w.lora_up,
-                                     wcscale=w.wcscale, bias=w.bias)
+    qw = _LOGICAL[id(w)]
+    expect = ref.reference_torch_f64(act, qw.wgt, ascales, qw.wscales, lora_act_in=la, lora_up=w.lora_up,
+                                     wcscale=qw.wcscale, bias=w.bias)
     rel = float(torch.linalg.vector_norm(y.double() - expect) / torch.linalg.vector_norm(expect))
     assert rel <= 1e-2, f"relative error {rel:.3e} (SEED={SEED})"
 

@@ -24,10 +24,14 @@ from svdq_loader.ops import QUANTIZE_ACT, variant_name  # noqa: E402
 LAYOUT = {"sm_90a": "logical", "sm_100a": "blocked", "sm_103a": "blocked"}
 SM = {"sm_90a": 90, "sm_100a": 100, "sm_103a": 103}
 
-# (arch, dtype, rank): both dtypes, R in {0, 32}, every arch (and so both scale layouts)
+# (arch, dtype, rank): both dtypes, R in {0, 32}, every arch (and so both scale layouts); rank 96 and 128
+# (the largest register budgets: 96 takes the SMEM ring for x, 128 the register form)
 CASES = [
     ("sm_90a", "bf16", 32),
     ("sm_90a", "fp16", 0),
+    ("sm_90a", "bf16", 96),
+    ("sm_90a", "fp16", 128),
+    ("sm_100a", "bf16", 96),
     ("sm_100a", "bf16", 0),
     ("sm_100a", "fp16", 32),
     ("sm_103a", "bf16", 32),
@@ -111,9 +115,13 @@ def test_variant(compiled, case):
                     "nvidia-cuda-nvdisasm) or set SVDQ_ALLOW_NO_SASS=1")
     assert not re.search(r"\b(STL|LDL)\b", sass), "local-memory traffic in the SASS"
     assert ("HMMA" in sass) == (r > 0)
-    # x (and smooth) arrive through cp.async into the per-warp ring: 16-byte copies, no register prefetch
-    assert re.search(r"LDGSTS\.E\.BYPASS\.128", sass), "x is not copied with cp.async.cg 16-byte chunks"
-    assert not re.search(r"\bLDG\.E", sass), "a plain global load remains (x should come through SMEM)"
+    if r in fam._RING_RANKS:
+        # x (and smooth) arrive through cp.async into the per-warp ring: 16-byte copies, no plain loads
+        assert re.search(r"LDGSTS\.E\.BYPASS\.128", sass), "x is not copied with cp.async.cg 16-byte chunks"
+        assert not re.search(r"\bLDG\.E", sass), "a plain global load remains (x should come through SMEM)"
+    else:
+        # x is prefetched one step ahead into registers: 16-byte non-coherent loads
+        assert re.search(r"LDG\.E\.[A-Z.]*128", sass), "x is not loaded in 16-byte chunks"
 
 
 def test_family_contract():
@@ -128,7 +136,7 @@ def test_family_contract():
     _, problems = fam.config_axes("sm_90a", {"warps": [3], "tiles": [1]})
     assert any("warps" in p for p in problems) and any("tiles" in p for p in problems)
     for arch in fam.ARCHS:
-        for r in (0, 16, 32, 48, 64, 128):
+        for r in (0, 16, 32, 48, 64, 96, 128):
             for dt in ("bf16", "fp16"):
                 assert fam.invalid_reason(arch, _knobs(arch, dt, r)) is None, (arch, dt, r)
     assert not QUANTIZE_ACT.check_feature_values(_knobs("sm_100a", "bf16", 32), "sm_100a")

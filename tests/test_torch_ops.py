@@ -42,7 +42,8 @@ def test_schemas():
         "svdq::quantize_act(Tensor x, Tensor? smooth, Tensor? lora_down) -> (Tensor, Tensor, Tensor)")
     assert str(torch.ops.svdq.gemm_w4a4.default._schema) == (
         "svdq::gemm_w4a4(Tensor act, Tensor ascales, Tensor wgt, Tensor wscales, Tensor? lora_act_in, "
-        "Tensor? lora_up, Tensor? wcscale, Tensor? bias, ScalarType? out_dtype) -> Tensor")
+        "Tensor? lora_up, Tensor? wcscale, Tensor? bias, ScalarType? out_dtype, SymInt n, SymInt k, "
+        "str weight_format) -> Tensor")
 
 
 @pytest.mark.parametrize("arch, scales", [("sm_90a", (77, 192)), ("sm_100a", (1, 48, 32, 4, 4))])

@@ -48,17 +48,29 @@ def quantize(lib, x, smooth, lora_down):
     return lib.quantize_act(x, smooth=smooth, lora_down=lora_down)
 
 
-def gemm(lib, act, ascales, qweight, wscales, lora_act_in, lora_up, wcscale, bias, out_dtype, cache: dict):
-    """y = (A·Wᵀ)·wcscale + bias + lora_act_in·lora_upᵀ; `cache` keeps the checked weight side per layer."""
-    lib = _need(lib)
-    if torch.compiler.is_compiling():
-        return torch.ops.svdq.gemm_w4a4(act, ascales, qweight, wscales, lora_act_in, lora_up, wcscale, bias,
-                                        out_dtype)
+def prepare(lib, qweight, wscales, lora_up, wcscale, bias, cache: dict):
+    """The layer's PreparedWeight (checked and converted to the device's weight format once, then cached;
+    ``cache["last"]`` is the one a compiled forward reads)."""
     key = (qweight.data_ptr(), wscales.data_ptr(), _ptr(lora_up), _ptr(wcscale), _ptr(bias), id(lib))
     w = cache.get(key)
     if w is None:
         cache.clear()
         w = cache[key] = lib.prepare_weight(qweight, wscales, lora_up=lora_up, wcscale=wcscale, bias=bias)
+        cache["last"] = w
+    return w
+
+
+def gemm(lib, act, ascales, qweight, wscales, lora_act_in, lora_up, wcscale, bias, out_dtype, cache: dict):
+    """y = (A·Wᵀ)·wcscale + bias + lora_act_in·lora_upᵀ; `cache` keeps the checked weight side per layer."""
+    lib = _need(lib)
+    if torch.compiler.is_compiling():
+        w = cache.get("last")
+        if w is None:
+            raise InvalidArgument("a compiled W4A4Linear needs its weight prepared first: run the layer once "
+                                  "eagerly on the GPU (or attach the library with the layer on the GPU) before "
+                                  "torch.compile")
+        return torch_ops.gemm_w4a4(act, ascales, w, lora_act_in, out_dtype)
+    w = prepare(lib, qweight, wscales, lora_up, wcscale, bias, cache)
     return lib.gemm_w4a4(act, w, ascales, lora_act_in=lora_act_in, out_dtype=out_dtype)
 
 

@@ -131,6 +131,9 @@ class W4A4Linear(nn.Module):
             _ops.register(lib)
         self._lib = lib
         self._prepared.clear()
+        if lib is not None and self.qweight.is_cuda and hasattr(lib, "prepare_weight"):
+            # prepared now, so that a compiled forward finds it (prepare once per weight and device)
+            _ops.prepare(lib, self.qweight, self.wscales, self.lora_up, self.wcscale, self.bias, self._prepared)
         return self
 
     @property
@@ -152,7 +155,7 @@ class W4A4Linear(nn.Module):
             new = self._buffers[n]
             if new.dtype != old.dtype:          # a dtype cast: follow the device, keep the format's dtype
                 self._buffers[n] = old.to(new.device)
-        self._prepared.clear()
+        self.attach(self._lib)               # re-prepares the weight on its (new) device, if it is a GPU
         return self
 
     def _load_from_state_dict(self, *args, **kwargs):
