@@ -158,8 +158,15 @@ class Library:
 
     # -- operators ---------------------------------------------------------
     def prepare_weight(self, wgt, wscales, *, lora_up=None, wcscale=None, bias=None):
-        """Check and convert the weight side of `gemm_w4a4` once (see `ops.gemm_w4a4.PreparedWeight`)."""
-        return gemm_op.prepare_weight(wgt, wscales, lora_up=lora_up, wcscale=wcscale, bias=bias)
+        """Check and convert the weight side of `gemm_w4a4` once, into the format the GEMM of the
+        weight's device reads (see `ops.gemm_w4a4.PreparedWeight`, `ops.layouts.WEIGHT_FORMAT_BY_ARCH`)."""
+        return gemm_op.prepare_weight(wgt, wscales, lora_up=lora_up, wcscale=wcscale, bias=bias,
+                                      arch=self._weight_arch(wgt))
+
+    def _weight_arch(self, wgt):
+        """The arch of `wgt`'s CUDA device; None for a non-CUDA tensor (prepare_weight then refuses it)."""
+        dev = wgt.get_device() if hasattr(wgt, "get_device") else -1
+        return self._device_arch(dev) if isinstance(dev, int) and dev >= 0 else None
 
     def gemm_w4a4(self, act, wgt, ascales, wscales=None, *, lora_act_in=None, lora_up=None, wcscale=None,
                   bias=None, out=None, out_dtype=None):
@@ -189,7 +196,7 @@ class Library:
         """The detailed path: every rule checked with its own message (raises InvalidArgument)."""
         _weight_form_error(wgt, wscales, lora_up, wcscale, bias)
         weight = wgt if isinstance(wgt, gemm_op.PreparedWeight) else \
-            gemm_op.prepare_weight(wgt, wscales, lora_up=lora_up, wcscale=wcscale, bias=bias)
+            gemm_op.prepare_weight(wgt, wscales, lora_up=lora_up, wcscale=wcscale, bias=bias, arch=arch)
         call = gemm_op.plan_call(arch, act, weight, ascales, lora_act_in=lora_act_in, out=out, out_dtype=out_dtype)
         values = dict(call.pointers, m=call.m, n=call.n, k=call.k, sm_count=0, stream=0)
         return (call.features, (("m", call.m), ("n", call.n), ("k", call.k)), call.out,

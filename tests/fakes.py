@@ -2,7 +2,8 @@
 
 `install_fake(monkeypatch)` replaces the registry seen by `svdq_aot.variants`
 and `svdq_aot.config` with one holding a fake ``gemm_w4a4`` family and a
-fake ``quantize_act`` family for sm_90a (and quantize_act for sm_100a).
+fake ``quantize_act`` family for sm_90a (quantize_act also for sm_100a / sm_103a, and both ops for
+sm_120a / sm_121a, the GEMM there in the blocked scale layout).
 """
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def make_gemm_family(**overrides) -> types.SimpleNamespace:
 def make_quant_family(**overrides) -> types.SimpleNamespace:
     fam = types.SimpleNamespace(__name__="fake.quant")
     fam.OP = "quantize_act"
-    fam.ARCHS = ("sm_90a", "sm_100a", "sm_103a")
+    fam.ARCHS = ("sm_90a", "sm_100a", "sm_103a", "sm_120a", "sm_121a")
     fam.NAME = "fake_quant"
     fam.TUNING = dict(rows=(4, 8))
 
@@ -100,8 +101,11 @@ def make_quant_family(**overrides) -> types.SimpleNamespace:
 def make_fake_registry(gemm=None, quant=None) -> types.SimpleNamespace:
     gemm = gemm or make_gemm_family()
     quant = quant or make_quant_family()
+    gemm12 = make_gemm_family(__name__="fake.gemm12", ARCHS=("sm_120a", "sm_121a"), NAME="fake_gemm12")
+    gemm12.FEATURES = dict(gemm12.FEATURES, scale_layout=("blocked",))
     fams = {("gemm_w4a4", "sm_90a"): gemm, ("quantize_act", "sm_90a"): quant, ("quantize_act", "sm_100a"): quant,
-            ("quantize_act", "sm_103a"): quant}
+            ("quantize_act", "sm_103a"): quant, ("gemm_w4a4", "sm_120a"): gemm12, ("gemm_w4a4", "sm_121a"): gemm12,
+            ("quantize_act", "sm_120a"): quant, ("quantize_act", "sm_121a"): quant}
 
     def family(op, arch):
         fam = fams[(op, arch)]

@@ -201,6 +201,8 @@ def test_real_registry_flux_enumerates():
         assert isinstance(r, str) and r
     ops = {(x.op, x.arch) for x in valid}
     assert {("gemm_w4a4", "sm_90a"), ("quantize_act", "sm_90a"), ("quantize_act", "sm_100a"),
-            ("quantize_act", "sm_103a")} <= ops
-    assert sum(x.op == "gemm_w4a4" for x in valid) == 2 * 6 * 2 * 2
+            ("quantize_act", "sm_103a"), ("gemm_w4a4", "sm_120a"), ("gemm_w4a4", "sm_121a"),
+            ("quantize_act", "sm_120a"), ("quantize_act", "sm_121a")} <= ops
+    # one tile per GEMM arch (sm_90a, sm_120a, sm_121a): out_dtype x rank x wcscale x bias
+    assert sum(x.op == "gemm_w4a4" for x in valid) == 3 * 2 * 6 * 2 * 2
     check_coverage(cfg, valid, rejected)

@@ -66,7 +66,7 @@ SPEC = OpSpec(
 # ---------------------------------------------------------------------------
 
 from .checks import check_devices, check_i32_sizes, check_tensor, check_vector, fail, half_dtypes, torch_module  # noqa: E402
-from .layouts import BLOCK_K, scale_shape  # noqa: E402
+from .layouts import BLOCK_K, WEIGHT_FORMAT_BY_ARCH, scale_shape  # noqa: E402
 
 
 def _as_f32(t):
@@ -91,6 +91,7 @@ class PreparedWeight:
     n: int
     k: int
     rank: int
+    weight_format: str | None = None   # layouts.WEIGHT_FORMAT_BY_ARCH of the arch it was prepared for
 
     def __post_init__(self):
         # what every call reuses: the weight-side pointers in host-argument order, the device
@@ -105,7 +106,8 @@ class PreparedWeight:
         return self.wgt.device
 
 
-def prepare_weight(wgt, wscales, *, lora_up=None, wcscale=None, bias=None) -> PreparedWeight:
+def prepare_weight(wgt, wscales, *, lora_up=None, wcscale=None, bias=None, arch=None) -> PreparedWeight:
+    """Check the weight side once; for an `arch` listed in ``layouts.WEIGHT_FORMAT_BY_ARCH`` also convert it."""
     torch = torch_module()
     check_tensor("wgt", wgt, dtype=torch.uint8, ndim=2)
     n, kh = wgt.shape
@@ -130,7 +132,11 @@ def prepare_weight(wgt, wscales, *, lora_up=None, wcscale=None, bias=None) -> Pr
         wcscale = _as_f32(wcscale)
     if bias is not None:
         bias = _as_f32(bias)
-    return PreparedWeight(wgt, wscales, lora_up, wcscale, bias, n, k, rank)
+    fmt = WEIGHT_FORMAT_BY_ARCH.get(arch)
+    if fmt is not None:
+        import importlib
+        wscales, lora_up = importlib.import_module(f"{__package__}.{fmt}").convert(n, k, wscales, lora_up, wcscale)
+    return PreparedWeight(wgt, wscales, lora_up, wcscale, bias, n, k, rank, fmt)
 
 
 @dataclass(frozen=True)
@@ -184,6 +190,10 @@ def plan_call(arch: str, act, weight: PreparedWeight, ascales, *, lora_act_in=No
     if want is None:
         want = torch.bfloat16
     check_devices(dict(act=act, wgt=weight.wgt, ascales=ascales, lora_act_in=lora_act_in, out=out))
+    want_fmt = WEIGHT_FORMAT_BY_ARCH.get(arch)
+    if weight.weight_format != want_fmt:
+        fail(f"the weight was prepared in the {weight.weight_format or 'logical'} weight format but the {arch} GEMM "
+             f"reads the {want_fmt or 'logical'} one; prepare it with lib.prepare_weight(...) on this device")
     if out is None:
         out = torch.empty((m, n), dtype=want, device=act.device)
     ptrs = dict(
@@ -236,7 +246,8 @@ def fast_args(arch: str, act, weight, ascales, lora_act_in, out, out_dtype):
         return None
     m, kh = act.shape
     k, n = weight.k, weight.n
-    if m < 1 or 2 * kh != k or m * n >= _I32 or m * kh >= _I32 or SCALE_LAYOUT_BY_ARCH.get(arch) != "logical":
+    if m < 1 or 2 * kh != k or m * n >= _I32 or m * kh >= _I32 or SCALE_LAYOUT_BY_ARCH.get(arch) != "logical" \
+            or weight.weight_format is not None:
         return None
     if ascales.shape != (m, k // BLOCK_K) or not act.is_contiguous() or not ascales.is_contiguous():
         return None

@@ -22,6 +22,14 @@ SCALE_LAYOUT_BY_ARCH = {
 }
 SCALE_LAYOUTS = ("logical", "blocked")
 
+#: Per arch, the module (under ``svdq_loader.ops``) whose ``convert(n, k, wscales, lora_up, wcscale)``
+#: returns the (wscales, lora_up) the arch's GEMM reads; `prepare_weight` applies it once.  Archs not
+#: listed read the logical form as given.
+WEIGHT_FORMAT_BY_ARCH = {
+    "sm_120a": "sm120_weight",
+    "sm_121a": "sm120_weight",
+}
+
 
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
