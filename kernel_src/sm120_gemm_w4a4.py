@@ -364,7 +364,7 @@ class _Sm120W4A4:
             for atom in (tma_a, tma_b, tma_sfa, tma_sfb):
                 cpasync.prefetch_descriptor(atom)
 
-        smem = cutlass.utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
         ring = pipeline.PipelineTmaAsync.create(
             num_stages=self.stages,

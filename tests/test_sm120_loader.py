@@ -1,0 +1,133 @@
+"""The loader with sm_120a artifacts, on the CPU: refusal on other archs, weight format, launches (fake driver).
+
+One real build (gemm_w4a4 + quantize_act for sm_120a, bf16, R = 32) and tensors with CUDA metadata but
+no storage.  On a device reporting sm_90a (the H200) both ops are refused before anything is loaded or
+launched, naming the device's arch; on a device reporting sm_120a the calls launch the sm_120a
+kernels, the weight must have been prepared in this GEMM's format (blocked scales) and the activation
+scales must come in the blocked layout.  `sm120_weight.blocked_scales` is checked against the
+reference `to_blocked`.  Nothing runs on a GPU.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("cutlass")
+
+import svdq_loader  # noqa: E402
+from svdq_aot.build import build  # noqa: E402
+from svdq_loader.errors import InvalidArgument, UnsupportedProblem  # noqa: E402
+from svdq_loader.ops import gemm_w4a4 as gemm_op  # noqa: E402
+from svdq_loader.ops.layouts import WEIGHT_FORMAT_BY_ARCH, scale_shape  # noqa: E402
+from svdq_loader.ops.sm120_weight import blocked_scales  # noqa: E402
+from svdq_loader.testing.reference import to_blocked  # noqa: E402
+
+from fake_cuda import FakeCuda, fake_driver  # noqa: E402
+
+U8, F8, BF = torch.uint8, torch.float8_e4m3fn, torch.bfloat16
+M, N, K, R = 77, 256, 256, 32
+CONFIG = """
+name: sm120-loader
+archs: [sm_120a]
+out_dtypes: [bf16]
+ranks: [32]
+wcscale: [true]
+bias: [true]
+shapes:
+  square: {k: 256, n: 256}
+variants:
+  sm_120a:
+    gemm_w4a4: {tiles: [[128, 128, 128]], stages: [auto]}
+    quantize_act: {warps: [2]}
+"""
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    d = tmp_path_factory.mktemp("sm120")
+    cfg = d / "c.yaml"
+    cfg.write_text(CONFIG)
+    build(cfg, d / "art")
+    return str(d / "art")
+
+
+def T(shape, dtype, device="cuda:0"):
+    return FakeCuda(shape, dtype, device)
+
+
+def _weight(fmt):
+    shape = scale_shape("blocked", N, K) if fmt else (N, K // 16)
+    return gemm_op.PreparedWeight(T((N, K // 2), U8), T(shape, F8), T((N, R), BF), T((N,), torch.float32),
+                                  T((N,), torch.float32), N, K, R, fmt)
+
+
+def _gemm(lib, w, ascales_shape=None):
+    return lib.gemm_w4a4(T((M, K // 2), U8), w, T(ascales_shape or scale_shape("blocked", M, K), F8),
+                         lora_act_in=T((M, R), BF), out=T((M, N), BF))
+
+
+def _quant(lib, layout_shape=None):
+    return lib.quantize_act(T((M, K), BF), lora_down=T((K, R), BF), out_act=T((M, K // 2), U8),
+                            out_scales=T(layout_shape or scale_shape("blocked", M, K), F8), out_lora=T((M, R), BF))
+
+
+def test_refused_on_the_h200_naming_its_arch(artifacts, monkeypatch):
+    lib = svdq_loader.load(artifacts)
+    rec = fake_driver(monkeypatch, arch="sm_90a")
+    with pytest.raises(UnsupportedProblem, match=r"no gemm_w4a4 kernel built for this device's arch sm_90a; "
+                                                 r"the artifacts hold gemm_w4a4 for \['sm_120a'\]"):
+        _gemm(lib, _weight(None), ascales_shape=(M, K // 16))
+    with pytest.raises(UnsupportedProblem, match=r"no quantize_act kernel built for this device's arch sm_90a; "
+                                                 r"the artifacts hold quantize_act for \['sm_120a'\]"):
+        _quant(lib, layout_shape=(M, K // 16))
+    # a weight prepared for sm_120a is refused on the sm_90a device by its format, before selection
+    with pytest.raises(InvalidArgument, match=r"prepared in the sm120_weight weight format but the sm_90a GEMM "
+                                              r"reads the logical one"):
+        _gemm(lib, _weight("sm120_weight"), ascales_shape=(M, K // 16))
+    from svdq_loader import library
+    monkeypatch.setattr(library, "_ordinal", lambda device: 0)
+    assert lib.preload() == 0                      # nothing of these artifacts loads on an sm_90a device
+    assert rec.loads == [] and rec.launches == []
+
+
+def test_launches_on_an_sm120_device(artifacts, monkeypatch):
+    lib = svdq_loader.load(artifacts)
+    rec = fake_driver(monkeypatch, arch="sm_120a", optin_smem=101376, sms=188)
+    _gemm(lib, _weight("sm120_weight"))
+    _quant(lib)
+    assert len(rec.loads) == 2 and len(rec.launches) == 2
+    assert all("_sm120a_" in s for syms in rec.loads for s in syms)
+    with pytest.raises(InvalidArgument, match=r"prepared in the logical weight format but the sm_120a GEMM reads "
+                                              r"the sm120_weight one"):
+        _gemm(lib, _weight(None))
+    with pytest.raises(InvalidArgument, match=r"ascales has shape \(77, 16\) but the sm_120a GEMM reads the blocked"):
+        _gemm(lib, _weight("sm120_weight"), ascales_shape=(M, K // 16))
+    assert len(rec.launches) == 2
+
+
+def test_device_without_enough_smem_is_refused(artifacts, monkeypatch):
+    from svdq_loader.errors import DeviceMismatch
+    lib = svdq_loader.load(artifacts)
+    rec = fake_driver(monkeypatch, arch="sm_120a", optin_smem=48 * 1024, sms=20)
+    with pytest.raises(DeviceMismatch, match=r"needs 94208 bytes of shared memory per block \(93184 dynamic \+ "
+                                             r"1024 static\); device 0 allows 49152"):
+        _gemm(lib, _weight("sm120_weight"))
+    assert rec.launches == []
+
+
+def test_weight_format_table():
+    assert WEIGHT_FORMAT_BY_ARCH["sm_120a"] == WEIGHT_FORMAT_BY_ARCH["sm_121a"] == "sm120_weight"
+    assert "sm_90a" not in WEIGHT_FORMAT_BY_ARCH
+
+
+@pytest.mark.parametrize("rows, groups", [(256, 16), (77, 16), (130, 24), (1, 4), (128, 6)])
+def test_blocked_scales_match_the_reference(rows, groups):
+    g = torch.Generator().manual_seed(rows * 31 + groups)
+    raw = torch.randint(1, 127, (rows, groups), generator=g, dtype=torch.uint8)   # positive, non-NaN E4M3 bytes
+    got = blocked_scales(raw.view(F8))
+    assert got.dtype == F8 and tuple(got.shape) == scale_shape("blocked", rows, 16 * groups)
+    want = to_blocked(raw.numpy())
+    np.testing.assert_array_equal(got.view(U8).reshape(-1).numpy(), want)
+    # every logical byte is somewhere, the padding is zero
+    assert int((got.view(U8) != 0).sum()) == rows * groups
