@@ -1,15 +1,31 @@
-"""`build(config, out_dir)`: config -> variants -> compile -> artifacts -> manifest.
+"""`build(config, out_dir)`: config -> variants -> (cache | compile) -> artifacts -> manifest.
 
-Every valid variant is compiled (and its launch ABI extracted) *before*
-anything is written to the output directory, so a failing compile or
-host-program serialisation leaves the directory exactly as it was.  Then
-`ArtifactDir.commit` writes the files atomically and the manifest last.
+Order of work:
+
+1. read the config, enumerate the variants, check that every requested
+   problem is served (`plan_build`; nothing is locked or written yet);
+2. take the output directory's lock and check it is ours (`ArtifactDir`),
+   *before* any compile;
+3. look every variant up in the content-addressed cache (`svdq_aot.cache`);
+   compile the misses, in a pool of spawned processes for ``jobs > 1``
+   (`svdq_aot.pool`); each compiled variant goes into the cache as soon as
+   it is done, so an interrupted or failed build resumes from there;
+4. assemble the manifest (validated as the loader would read it), write the
+   files atomically with the manifest last, then ``build-report.md`` and the
+   build record (`ArtifactDir.commit`).
+
+The manifest, cubins and host programs depend only on the inputs (config,
+kernel sources, versions): two builds of the same inputs are byte-identical,
+whatever ``jobs``, the cache state or sharding.  Everything time- or
+host-dependent (compile seconds, cache hits, memory, date) goes into the
+build record ``.svdq-aot-build.json`` and ``build-report.md`` only.
 
 Nothing here queries a GPU or the CUDA driver; the kernel family is told
 its target arch explicitly.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 import os
@@ -17,28 +33,34 @@ import platform
 import re
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
 from svdq_loader.manifest import (
-    SCHEMA_VERSION, ConfigRef, Generator, HostProgram, Manifest, ManifestError, ParamInfo,
-    RejectedEntry, Resources, Shape, VariantEntry,
+    MANIFEST_NAME, SCHEMA_VERSION, ArtifactError, ConfigRef, Generator, HostProgram, Manifest, ManifestError,
+    ParamInfo, RejectedEntry, Resources, Shape, VariantEntry, read_artifacts, read_manifest,
 )
 from svdq_loader import cuda_versions
 from svdq_loader.ops import op_spec
 from svdq_loader.select_rules import Rule, RuleError, default_rule, parse_buckets
 
 from . import __version__
-from .artifacts import ArtifactDir, sha256_bytes
-from .config import Config, load_config
-from .variants import FamilyUnavailable, Variant, check_sections, enumerate_variants, feature_combinations
+from .artifacts import ArtifactDir, read_record, sha256_bytes
+from .cache import VariantCache, build_fingerprint, default_root, dsl_version, variant_key
+from .errors import BuildError, NeedsConfirmation, PlanError
+from .pool import Outcome, peak_rss_mb, run_pool
+from .progress import LineProgress, Progress
+from .report import REPORT_NAME, render_report
+from .plan import check_coverage, plan_build, select_shard
+from .variants import FamilyUnavailable, Variant
 
 ProgressFn = Callable[[str], Any]
-
-
-class BuildError(RuntimeError):
-    """The build cannot produce a complete, valid artifact set; the message says which variant and why."""
+#: More variants to compile than this needs ``yes=True`` (``--yes``).
+HUGE_BUILD = 500
+#: Seconds one variant takes to compile on one core of the reference machine (the estimate's fallback).
+SECONDS_PER_VARIANT = 1.5
 
 
 @dataclass(frozen=True)
@@ -54,6 +76,8 @@ class CompileResult:
     requirements: dict[str, int]
     launch_recipe: dict | None
     seconds: float
+    peak_rss_mb: float = 0.0
+    cache: str = "off"                           # "hit", "miss" or "off"
 
 
 # Indirections (tests substitute these; the real ones are imported lazily).
@@ -152,67 +176,277 @@ def compile_one(variant: Variant) -> CompileResult:
         recipe = None
         if os.environ.get("SVDQ_STRICT_RECIPES") == "1":
             raise BuildError(f"variant {name}: launch recipe derivation failed: {_one_line(e)}") from e
+    if recipe is not None:  # exactly what a JSON round trip (the cache, the manifest) gives back
+        recipe = json.loads(json.dumps(recipe, allow_nan=False))
     return CompileResult(variant=variant, cubin=cubin, host_json=host_json, entry=entry,
                          kernel_symbols=symbols, params=params, resources=resources, smem_bytes=smem,
                          requirements=requirements, launch_recipe=recipe,
-                         seconds=time.perf_counter() - t0)
+                         seconds=time.perf_counter() - t0, peak_rss_mb=peak_rss_mb())
 
 
-def _feature_keys(spec, feats: dict, config: Config) -> list[str]:
-    """``ranks[2]=128``-style config keys of a feature combination."""
-    out = []
-    for f in spec.features:
-        if f.source == "arch":
-            continue
-        values = list(getattr(config, f.source))
-        v = feats[f.name]
-        i = next(j for j, x in enumerate(values) if x == v and type(x) is type(v))
-        out.append(f"{f.source}[{i}]={str(v).lower() if isinstance(v, bool) else v}")
-    return out
+def _generator() -> Generator:
+    return Generator(package="svdq-aot", package_version=__version__, dsl="nvidia-cutlass-dsl",
+                     dsl_version=dsl_version(), python=platform.python_version())
 
 
-def coverage_gaps(config: Config, valid: list[Variant],
-                  rejected: list[tuple[Variant, str]]) -> list[tuple[str, str]]:
-    """(config key, problem) for every requested problem no valid variant serves."""
-    gaps: list[tuple[str, str]] = []
-    for arch in config.archs:
-        for op, _section in config.sections(arch):
-            spec = op_spec(op)
-            mine = [v for v in valid if (v.op, v.arch) == (op, arch)]
-            reqs = {v: v.requirements() for v in mine}
-            for feats in feature_combinations(op, arch, config):
-                key = spec.feature_key(feats)
-                cands = [v for v in mine if v.feature_key == key]
-                fkeys = _feature_keys(spec, feats, config)
-                if not cands:
-                    why = [r for v, r in rejected if (v.op, v.arch) == (op, arch) and v.feature_key == key]
-                    detail = f"every variant was rejected, e.g.: {why[0]}" if why else "no variant was enumerated"
-                    culprit = next((k for k in fkeys if k.startswith("ranks[")), fkeys[0] if fkeys else op)
-                    gaps.append((culprit.split("=")[0], f"{op} on {arch} has no valid variant for "
-                                                        f"{', '.join(fkeys)} ({detail})"))
-                    continue
-                for label, where, dims in spec.coverage_problems(config):
-                    if any(spec.shape_problem(reqs[v], dims) is None for v in cands):
-                        continue
-                    rule = spec.shape_problem(reqs[cands[0]], dims)
-                    gaps.append((where, f"{label} is not served by any {op} variant on {arch} for "
-                                        f"{', '.join(fkeys)} ({cands[0].name}: {rule})"))
-    return gaps
+def _entry(r: CompileResult) -> VariantEntry:
+    v = r.variant
+    return VariantEntry(
+        name=v.name, op=v.op, arch=v.arch, family=v.family().NAME, knobs=v.knob_dict,
+        requirements=dict(r.requirements),
+        cubin=f"{v.name}.cubin", sha256=sha256_bytes(r.cubin), size=len(r.cubin),
+        host_program=HostProgram(file=f"{v.name}.host.json", sha256=sha256_bytes(r.host_json)),
+        entry=r.entry, kernel_symbols=r.kernel_symbols,
+        params={s: tuple(ParamInfo(*p) for p in ps) for s, ps in r.params.items()},
+        host_args=op_spec(v.op).host_args,
+        smem_bytes=r.smem_bytes,
+        resources={s: Resources(*t) for s, t in r.resources.items()},
+        launch_recipe=r.launch_recipe)
 
 
-def check_coverage(config: Config, valid: list[Variant], rejected: list[tuple[Variant, str]]) -> None:
-    """BuildError summarising every coverage gap by config key (first gap of each key in full)."""
-    gaps = coverage_gaps(config, valid, rejected)
-    if not gaps:
-        return
-    by_key: dict[str, list[str]] = {}
-    for k, text in gaps:
-        by_key.setdefault(k, []).append(text)
-    parts = [f"{k}: {texts[0]}" + (f" (+{len(texts) - 1} similar)" if len(texts) > 1 else "")
-             for k, texts in list(by_key.items())[:4]]
-    more = f"; and {len(by_key) - 4} more config keys" if len(by_key) > 4 else ""
-    raise BuildError(f"{config.path}: {len(gaps)} requested combination(s) cannot be served: "
-                     + "; ".join(parts) + more)
+
+# --------------------------------------------------------------------------
+# Cache <-> CompileResult
+# --------------------------------------------------------------------------
+
+def _meta(r: CompileResult) -> dict:
+    return {"name": r.variant.name, "entry": r.entry, "kernel_symbols": list(r.kernel_symbols),
+            "params": {s: [list(p) for p in ps] for s, ps in r.params.items()},
+            "resources": {s: list(t) for s, t in r.resources.items()}, "smem_bytes": r.smem_bytes,
+            "requirements": dict(r.requirements), "launch_recipe": r.launch_recipe,
+            "seconds": round(r.seconds, 3), "peak_rss_mb": round(r.peak_rss_mb, 1)}
+
+
+def _from_cache(variant: Variant, cubin: bytes, host_json: bytes, meta: dict) -> CompileResult | None:
+    """The cached result of `variant`, or None if the entry does not describe it."""
+    try:
+        if meta["name"] != variant.name:
+            return None
+        return CompileResult(
+            variant=variant, cubin=cubin, host_json=host_json, entry=str(meta["entry"]),
+            kernel_symbols=tuple(meta["kernel_symbols"]),
+            params={s: tuple(tuple(int(x) for x in p) for p in ps) for s, ps in meta["params"].items()},
+            resources={s: tuple(int(x) for x in t) for s, t in meta["resources"].items()},
+            smem_bytes=int(meta["smem_bytes"]), requirements={k: int(x) for k, x in meta["requirements"].items()},
+            launch_recipe=meta["launch_recipe"], seconds=float(meta.get("seconds", 0.0)),
+            peak_rss_mb=float(meta.get("peak_rss_mb", 0.0)), cache="hit")
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def compile_to_cache(variant: Variant, key: str | None, cache_root: str | None) -> CompileResult:
+    """Compile `variant` (in a worker, or in-process for -j 1) and store it in the cache at once."""
+    r = compile_one(variant)
+    if key is not None and cache_root is not None:
+        try:
+            VariantCache(cache_root).put(key, r.cubin, r.host_json, _meta(r))
+        except OSError:  # a full or read-only cache must not fail the build
+            pass
+    return dataclasses.replace(r, cache="miss" if key else "off")
+
+
+# --------------------------------------------------------------------------
+# The build
+# --------------------------------------------------------------------------
+
+@dataclass
+class BuildResult:
+    manifest: Manifest
+    results: list[CompileResult]              # this build's variants, in manifest order
+    failed: dict[str, str] = field(default_factory=dict)   # variant -> message (keep_going only)
+    wall_seconds: float = 0.0
+    record: dict = field(default_factory=dict)
+    out_dir: Path = Path(".")
+    up_to_date: bool = False                   # nothing to do: the folder already held this build
+
+    @property
+    def hits(self) -> int:
+        if self.up_to_date:
+            return len(self.manifest.variants)
+        return sum(r.cache == "hit" for r in self.results)
+
+    @property
+    def compiled(self) -> int:
+        return sum(r.cache != "hit" for r in self.results)
+
+
+def _as_progress(progress: ProgressFn | Progress | None) -> Progress | None:
+    if progress is None or isinstance(progress, Progress):
+        return progress
+    return LineProgress(progress)
+
+
+def estimate_seconds(n: int, jobs: int, cache: VariantCache, sample: list[str]) -> float:
+    """Expected wall time of compiling `n` variants at `jobs` (from cached compile times when known)."""
+    times = []
+    for key in sample[:50]:
+        got = cache.get(key)
+        if got is not None:
+            times.append(float(got[2].get("seconds", 0.0)))
+    per = sum(times) / len(times) if times else SECONDS_PER_VARIANT
+    return n * per / max(1, min(jobs, os.cpu_count() or 1))
+
+
+def _compile_misses(todo: list[tuple[Variant, str | None]], jobs: int, cache_root: str | None,
+                    keep_going: bool, prog: Progress | None) -> tuple[dict[Variant, CompileResult], dict[Variant, str]]:
+    done: dict[Variant, CompileResult] = {}
+    failed: dict[Variant, str] = {}
+
+    def finish(v: Variant, r: CompileResult | None, err: BaseException | None) -> None:
+        if err is None:
+            done[v] = r
+        else:
+            msg = str(err) if isinstance(err, BuildError) else \
+                f"variant {v.name}: compile worker failed: {_one_line(err)}"
+            failed[v] = msg
+        if prog is not None:
+            prog.finished(v.name, r, failed.get(v))
+
+    if jobs <= 1 or len(todo) <= 1:
+        for v, key in todo:
+            if prog is not None:
+                prog.running(v.name)
+            try:
+                r = compile_to_cache(v, key, cache_root)
+            except BuildError as e:
+                finish(v, None, e)
+                if not keep_going:
+                    break
+                continue
+            finish(v, r, None)
+        return done, failed
+
+    keys = dict(todo)
+
+    def on_done(oc: Outcome) -> None:
+        finish(oc.item, oc.result, oc.error)
+
+    run_pool(compile_to_cache, [v for v, _ in todo], lambda v: (v, keys[v], cache_root), jobs,
+             keep_going=keep_going, on_start=(lambda v: prog.running(v.name)) if prog else None, on_done=on_done)
+    return done, failed
+
+
+def build_set(config_path: str | Path, out_dir: str | Path, *, jobs: int = 1,
+              progress: ProgressFn | Progress | None = None, keep_going: bool = False,
+              shard: tuple[int, int] | None = None, cache_dir: str | Path | None | bool = True,
+              force: bool = False, yes: bool = False, report: bool = True) -> BuildResult:
+    """Build `config_path` into `out_dir`; see the module docstring for the order of work.
+
+    ``cache_dir``: True = the default cache folder (`svdq_aot.cache.default_root`), a path, or
+    False/None = no cache.  ``shard=(i, n)`` builds every n-th variant (merge the shards with
+    `svdq_aot.merge`).  Raises ConfigError, PlanError (no variant / coverage gap), BuildError (a
+    variant failed; with ``keep_going`` the others are still built and it is listed as rejected),
+    NeedsConfirmation (more than HUGE_BUILD to compile and not ``yes``), BuildLocked,
+    ForeignDirectory (a non-empty folder no build of ours wrote, unless ``force``).
+    """
+    t0 = time.perf_counter()
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    fingerprint = build_fingerprint(config_path, shard)
+    if fingerprint is not None:
+        same = _already_built(Path(out_dir), fingerprint, force)
+        if same is not None:
+            return BuildResult(same, [], {}, time.perf_counter() - t0, read_record(out_dir) or {}, Path(out_dir),
+                               up_to_date=True)
+    plan = plan_build(config_path)
+    problem = plan.problem()
+    if problem:
+        raise PlanError(problem)
+    config = plan.config
+    mine = select_shard(plan.valid, shard)
+    prog = _as_progress(progress)
+    jobs = max(1, int(jobs))
+    root = default_root() if cache_dir is True else (Path(cache_dir) if cache_dir else None)
+    cache = VariantCache(root)
+
+    out = Path(out_dir)
+    with ArtifactDir(out, force=force) as ad:       # the lock, before any compile
+        have: dict[Variant, CompileResult] = {}
+        todo: list[tuple[Variant, str | None]] = []
+        for v in mine:
+            key = variant_key(v, v.family()) if cache.enabled else None
+            got = cache.get(key) if key else None
+            r = _from_cache(v, *got) if got else None
+            if r is not None:
+                have[v] = r
+            else:
+                todo.append((v, key))
+        if len(todo) > HUGE_BUILD and not yes:
+            est = estimate_seconds(len(todo), jobs, cache, [k for _, k in todo if k])
+            raise NeedsConfirmation(
+                f"{config.path}: {len(todo)} variants to compile (more than {HUGE_BUILD}); expected build "
+                f"time ~{est / 60:.0f} min at -j {jobs}; pass --yes to build them, or trim the config")
+        if prog is not None:
+            prog.start(len(mine), len(todo))
+            for v in mine:
+                if v in have:
+                    prog.finished(v.name, have[v], None)
+        try:
+            done, failed = _compile_misses(todo, jobs, str(root) if root else None, keep_going, prog)
+        finally:
+            if prog is not None:
+                prog.close()
+        have.update(done)
+        if failed and not keep_going:
+            first = next(iter(failed.values()))
+            more = f" ({len(failed)} variants failed)" if len(failed) > 1 else ""
+            raise BuildError(first + more)
+        if len(have) + len(failed) < len(mine):   # stopped early
+            raise BuildError("internal: the build stopped before every variant was compiled")
+
+        results = [have[v] for v in mine if v in have]
+        rejected = list(plan.rejected) + [(v, f"compile failed: {failed[v]}") for v in mine if v in failed]
+        if failed:
+            check_coverage(config, [v for v in plan.valid if v not in failed], rejected)
+        manifest, text = _manifest(config, results, rejected)
+        wall = time.perf_counter() - t0
+        record = {
+            "config": {"name": config.name, "file": config.file_name, "sha256": config.sha256},
+            "shard": list(shard) if shard else None,
+            "all_variants": [v.name for v in plan.valid],
+            "manifest_sha256": sha256_bytes(text.encode()),
+            "fingerprint": fingerprint if not failed else None,
+            "build": {"started_utc": started, "wall_seconds": round(wall, 2), "jobs": jobs,
+                      "cpus": os.cpu_count(), "load_average": _loadavg(), "host": platform.node(),
+                      "cache_dir": str(root) if root else None},
+            "variants": {r.variant.name: {"cache": r.cache, "seconds": round(r.seconds, 3),
+                                          "peak_rss_mb": round(r.peak_rss_mb, 1)} for r in results},
+            "failed": {v.name: m for v, m in failed.items()},
+        }
+        files: dict[str, bytes] = {}
+        for r, e in zip(results, manifest.variants):
+            files[e.cubin] = r.cubin
+            files[e.host_program.file] = r.host_json
+        extra = {}
+        if report:
+            extra[REPORT_NAME] = render_report(manifest, record).encode()
+        ad.commit(files, manifest, extra=extra, record=record, manifest_text=text)
+    return BuildResult(dataclasses.replace(manifest, source=str(out / "manifest.json")), results,
+                       {v.name: m for v, m in failed.items()}, wall, record, out)
+
+
+def _already_built(out: Path, fingerprint: str, force: bool) -> Manifest | None:
+    """The manifest in `out` if its build record has `fingerprint` and every file is intact, else None."""
+    rec = read_record(out)
+    if rec is None or rec.get("fingerprint") != fingerprint or not rec.get("complete") or rec.get("failed"):
+        return None
+    try:
+        with ArtifactDir(out, force=force):
+            if not all((out / str(n)).is_file() for n in rec["owned"]):
+                return None
+            m = read_manifest(out)
+            read_artifacts(m, out)               # every file's size and SHA-256
+            if sha256_bytes((out / MANIFEST_NAME).read_bytes()) != rec.get("manifest_sha256"):
+                return None
+            return m
+    except ArtifactError:
+        return None
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (OSError, AttributeError):
+        return None
 
 
 def _toolkit_major() -> int:
@@ -245,93 +479,8 @@ def _selection(entries: list[VariantEntry], results: list[CompileResult]) -> tup
     return tuple(out.values())
 
 
-def _generator() -> Generator:
-    try:
-        dsl_version = importlib.metadata.version("nvidia-cutlass-dsl")
-    except importlib.metadata.PackageNotFoundError:
-        dsl_version = "unknown"
-    return Generator(package="svdq-aot", package_version=__version__, dsl="nvidia-cutlass-dsl",
-                     dsl_version=dsl_version, python=platform.python_version())
-
-
-def _entry(r: CompileResult) -> VariantEntry:
-    v = r.variant
-    return VariantEntry(
-        name=v.name, op=v.op, arch=v.arch, family=v.family().NAME, knobs=v.knob_dict,
-        requirements=dict(r.requirements),
-        cubin=f"{v.name}.cubin", sha256=sha256_bytes(r.cubin), size=len(r.cubin),
-        host_program=HostProgram(file=f"{v.name}.host.json", sha256=sha256_bytes(r.host_json)),
-        entry=r.entry, kernel_symbols=r.kernel_symbols,
-        params={s: tuple(ParamInfo(*p) for p in ps) for s, ps in r.params.items()},
-        host_args=op_spec(v.op).host_args,
-        smem_bytes=r.smem_bytes,
-        resources={s: Resources(*t) for s, t in r.resources.items()},
-        launch_recipe=r.launch_recipe)
-
-
-def _compile_all(valid: list[Variant], jobs: int, progress: ProgressFn | None) -> list[CompileResult]:
-    n = len(valid)
-    width = len(str(n))
-
-    def report(i: int, r: CompileResult) -> None:
-        if progress is not None:
-            progress(f"[{i:>{width}}/{n}] {r.variant.name}  {r.seconds:.1f}s")
-
-    if jobs <= 1 or n <= 1:
-        out = []
-        for i, v in enumerate(valid, 1):
-            r = compile_one(v)
-            out.append(r)
-            report(i, r)
-        return out
-
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    # spawn: a fresh interpreter per worker (the DSL/MLIR state must not be forked).
-    results: dict[Variant, CompileResult] = {}
-    with ProcessPoolExecutor(max_workers=min(jobs, n),
-                             mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {pool.submit(compile_one, v): v for v in valid}
-        for i, f in enumerate(as_completed(futures), 1):
-            exc = f.exception()
-            if exc is not None:
-                pool.shutdown(wait=True, cancel_futures=True)
-                if isinstance(exc, BuildError):
-                    raise BuildError(str(exc)) from None
-                raise BuildError(f"variant {futures[f].name}: compile worker failed: {_one_line(exc)}") from exc
-            r = f.result()
-            results[r.variant] = r
-            report(i, r)
-    return [results[v] for v in valid]
-
-
-def build(config_path: str | Path, out_dir: str | Path, *, jobs: int = 1,
-          progress: ProgressFn | None = None) -> Manifest:
-    """Build every valid variant of `config_path` into `out_dir`; returns the manifest written.
-
-    Raises ConfigError (invalid config), BuildError (coverage gap, a variant
-    failed to compile/serialise) or BuildLocked (another build owns out_dir).
-    On any error no new manifest is written.
-
-    ``jobs > 1`` compiles in a pool of *spawned* processes (fresh interpreters,
-    the DSL is not fork-safe); a script calling this needs the usual
-    ``if __name__ == "__main__":`` guard.  `progress` receives one line per
-    finished variant: ``[i/n] <name>  <seconds>s``.
-    """
-    config = load_config(config_path)
-    try:
-        check_sections(config)
-        valid, rejected = enumerate_variants(config)
-    except FamilyUnavailable as e:
-        raise BuildError(str(e)) from e
-    if not valid:
-        first = f" (e.g. {rejected[0][0].name}: {rejected[0][1]})" if rejected else ""
-        raise BuildError(f"{config.path}: no valid variants; all {len(rejected)} were rejected{first}")
-    check_coverage(config, valid, rejected)
-
-    results = _compile_all(valid, max(1, int(jobs)), progress)
-
+def _manifest(config, results: list[CompileResult], rejected: list[tuple[Variant, str]]) -> tuple[Manifest, str]:
+    """The manifest and its JSON text, read back as the loader would read it."""
     entries = [_entry(r) for r in results]
     tk = _toolkit_major()
     manifest = Manifest(
@@ -342,17 +491,20 @@ def build(config_path: str | Path, out_dir: str | Path, *, jobs: int = 1,
         shapes=tuple(Shape(name=s.name, k=s.k, n=s.n) for s in config.shapes),
         variants=tuple(entries),
         rejected=tuple(RejectedEntry(name=v.name, reason=r) for v, r in rejected))
-    # Never write a manifest the loader would refuse.
-    try:
-        Manifest.from_json(manifest.to_json(), source="(manifest being built)")
+    text = manifest.to_json()
+    try:  # never write a manifest the loader would refuse; return what it reads
+        return Manifest.from_json(text, source="(manifest being built)"), text
     except ManifestError as e:
         raise BuildError(f"internal: the manifest would not validate: {e}") from e
 
-    files: dict[str, bytes] = {}
-    for r, e in zip(results, entries):
-        files[e.cubin] = r.cubin
-        files[e.host_program.file] = r.host_json
-    out = Path(out_dir)
-    with ArtifactDir(out) as ad:
-        ad.commit(files, manifest)
-    return Manifest.from_json(manifest.to_json(), source=str(out / "manifest.json"))
+
+def build(config_path: str | Path, out_dir: str | Path, *, jobs: int = 1,
+          progress: ProgressFn | Progress | None = None, **options) -> Manifest:
+    """Build every valid variant of `config_path` into `out_dir`; returns the manifest written.
+
+    ``jobs > 1`` compiles in a pool of *spawned* processes (fresh interpreters,
+    the DSL is not fork-safe); a script calling this needs the usual
+    ``if __name__ == "__main__":`` guard.  `progress` is a `Progress` or a
+    callable receiving one line per variant.  Other options: see `build_set`.
+    """
+    return build_set(config_path, out_dir, jobs=jobs, progress=progress, **options).manifest

@@ -108,9 +108,10 @@ _LAYOUT_BY_ARCH = {"sm_90a": "logical", "sm_100a": "blocked", "sm_103a": "blocke
 
 STEP_K = 64                       # k per warp step (= the K multiple required)
 SMEM_LIMIT_BYTES = 227 * 1024     # dynamic SMEM per CTA on sm_90 / sm_100 (opt-in limit)
-#: sm_120 / sm_121 (GeForce / workstation Blackwell): 99 KiB per SM (the DSL's arch table) - 1 KiB per block
+#: sm_120 / sm_121 (GeForce / workstation Blackwell): 99 KiB per block (the DSL's arch table) - 1 KiB static
 _SMEM_LIMIT_BY_ARCH = {"sm_120a": 99 * 1024 - 1024, "sm_121a": 99 * 1024 - 1024}
 _RS_BYTES = STEP_K * 4            # per-warp buffer of the step's 64 reciprocals of smooth
+_SM_STAGE_BYTES = STEP_K * 2      # one step of smooth (32 lanes x one 16-bit pair)
 _DT = {"bf16": BFloat16, "fp16": Float16}
 _ONE_PAIR = {"bf16": 0x3F803F80, "fp16": 0x3C003C00}   # (1.0, 1.0) in the 16-bit type
 # E2M1 decision thresholds (multiples of the scale) and whether a tie rounds up (>=) or down (>)
@@ -141,9 +142,23 @@ def _pitch(rank: int) -> int:
     return 2 * rank + 16
 
 
+def _x_stages(cfg: _Cfg) -> int:
+    """Steps of x (and of smooth) in flight per warp: each is copied `_x_stages - 1` steps ahead.  With LoRA
+    the tile of step i is committed between x of steps i and i + 1, which caps the useful depth at 3."""
+    return 3 if cfg.rank else 4
+
+
+def _x_stage_bytes(cfg: _Cfg) -> int:
+    """One step of x for one warp: 32 lanes x (2 * mtiles) rows x two 16-byte chunks."""
+    return 32 * 2 * cfg.mtiles * 2 * 16
+
+
+def _lora_tiles_bytes(cfg: _Cfg) -> int:
+    return 2 * STEP_K * _pitch(cfg.rank) if cfg.rank else 0      # two step tiles (double buffer)
+
+
 def _warp_smem(cfg: _Cfg) -> int:
-    lora = 2 * STEP_K * _pitch(cfg.rank) if cfg.rank else 0      # two step tiles (double buffer)
-    return _RS_BYTES + lora
+    return _RS_BYTES + _lora_tiles_bytes(cfg) + _x_stages(cfg) * (_x_stage_bytes(cfg) + _SM_STAGE_BYTES)
 
 
 def _smem_bytes(cfg: _Cfg) -> int:
@@ -166,8 +181,9 @@ def _problem(cfg: _Cfg, arch: str) -> Optional[str]:
     smem = _smem_bytes(cfg)
     limit = _SMEM_LIMIT_BY_ARCH.get(arch, SMEM_LIMIT_BYTES)
     if smem > limit:
-        return (f"needs {smem} B of dynamic SMEM ({cfg.warps} warps x {_warp_smem(cfg)} B: rank {cfg.rank} "
-                f"lora_down tiles), more than the {limit} B a CTA may use on {arch}")
+        return (f"needs {smem} B of dynamic SMEM ({cfg.warps} warps x {_warp_smem(cfg)} B: {_x_stages(cfg)} x "
+                f"stages of {_x_stage_bytes(cfg)} B, rank {cfg.rank} lora_down tiles of "
+                f"{_lora_tiles_bytes(cfg)} B), more than the {limit} B a CTA may use on {arch}")
     regs = _est_registers(cfg)
     if regs > 255:
         return (f"needs about {regs} registers per thread (mtiles {cfg.mtiles} x rank {cfg.rank} fp32 "
@@ -383,6 +399,23 @@ def _cp_async16(saddr, gaddr):
     _asm(f"cp.async.{_CP_CACHE}.shared.global [$0], [$1], 16;", (), [saddr, gaddr], "r,l")
 
 
+def _cp_async16_cg(saddr, gaddr):
+    """x is read once: the copy bypasses L1."""
+    _asm("cp.async.cg.shared.global [$0], [$1], 16;", (), [saddr, gaddr], "r,l")
+
+
+def _cp_async4(saddr, gaddr):
+    _asm("cp.async.ca.shared.global [$0], [$1], 4;", (), [saddr, gaddr], "r,l")
+
+
+def _lds_v4(saddr):
+    return _asm("ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];", (Int32,) * 4, [saddr], "=r,=r,=r,=r,r", True)
+
+
+def _lds_u32(saddr):
+    return _asm("ld.shared.u32 $0, [$1];", (Int32,), [saddr], "=r,r", True)
+
+
 def _cp_commit():
     _asm("cp.async.commit_group;", (), [], "")
 
@@ -435,6 +468,8 @@ class _QuantizeAct:
         self.blocked = cfg.scale_layout == "blocked"
         self.P = _pitch(cfg.rank)
         self.warp_smem = _warp_smem(cfg)
+        self.NS = _x_stages(cfg)
+        self.xstage = _x_stage_bytes(cfg)
         self.smem_bytes = _smem_bytes(cfg)
         # ".minnctapersm 1" lifts ptxas' own register target (without it ptxas spilled a few values at
         # 96 / 128 registers in some variants); at rank 128 the budget is already at 255 and the hint
@@ -491,41 +526,29 @@ class _QuantizeAct:
             rc = cutlass.min(r, m - 1)                         # clamp: never read past row m-1
             xrow.append(rc * k + 16 * t)                       # element offset (M*K < 2^31)
 
-        # ---- prefetch the first step's x and smooth pair --------------------
-        s0 = cutlass.min(warp, nsteps - 1)
-        nxt = cute.make_rmem_tensor((NG * 8,), Int32)
-        for q in cutlass.range_constexpr(NG):
-            for hv in cutlass.range_constexpr(2):
-                v = _ld_v4(xb + Int64(xrow[q] + s0 * STEP_K + 8 * hv) * 2)
-                for i in cutlass.range_constexpr(4):
-                    nxt[q * 8 + hv * 4 + i] = v[i]
-        sm_addr0 = smooth.toint() + (Int64(s0) * STEP_K + Int64(2 * lane)) * 2
-        sm_nxt = cute.make_rmem_tensor((1,), Int32)
-        sm_nxt[0] = _ld_pred_u32(sm_addr0, use_smooth, _ONE_PAIR[dt])
-
+        xring = lbuf + _lora_tiles_bytes(self.cfg)           # x_stages steps of x, then of smooth
+        sring = xring + self.NS * self.xstage
+        c = self._Ctx()
+        for name in ("warp", "lane", "g", "t", "m", "k", "nsteps", "kg", "m_cover", "use_smooth", "rs_s",
+                     "lbuf", "xrow", "rowv", "valid", "actb", "scb", "smooth", "xb", "xring", "sring"):
+            setattr(c, name, locals()[name])
         if cutlass.const_expr(R > 0):
             acc = cute.make_rmem_tensor((MT * (R // 8) * 4,), Float32)
             acc.fill(0.0)
-            ldb = lora_down.toint()
-            nchunk = R // 8                                    # 16-byte chunks per lora_down row
-            per_lane = (STEP_K * nchunk) // 32
+            c.acc, c.ldb, c.nchunk = acc, lora_down.toint(), R // 8
 
-            # stage the first step's lora_down tile into buffer 0
-            for i in cutlass.range_constexpr(per_lane):
-                c = lane + 32 * i
-                kk = c // nchunk
-                cc = c % nchunk
-                srow = 16 * ((kk >> 2) & 3) + 8 * ((kk >> 1) & 1) + 2 * (kk >> 4) + (kk & 1)
-                _cp_async16(lbuf + srow * P + cc * 16,
-                            ldb + ((Int64(s0) * STEP_K + Int64(kk)) * R + cc * 8) * 2)
+        # ---- prologue: copies in the order the steps keep (x_i, L_i, x_i+1, L_i+1, ...) --------
+        # with LoRA: x of steps 0, 1 and the tile of step 0 as (x0, L0, x1); without: x of steps 0 .. NS-2
+        for j in cutlass.range_constexpr(self.NS - 1):
+            sj = cutlass.min(warp + j * W, nsteps - 1)
+            self._copy_x(c, j, sj)
+            if use_smooth != 0:
+                self._copy_smooth(c, j, sj)
             _cp_commit()
+            if cutlass.const_expr(R > 0 and j == 0):
+                self._copy_lora(c, 0, sj)
+                _cp_commit()
 
-        c = self._Ctx()
-        for name in ("warp", "lane", "g", "t", "m", "k", "nsteps", "kg", "m_cover", "use_smooth", "rs_s",
-                     "lbuf", "xrow", "rowv", "valid", "nxt", "sm_nxt", "actb", "scb", "smooth", "xb"):
-            setattr(c, name, locals()[name])
-        if cutlass.const_expr(R > 0):
-            c.acc, c.ldb, c.nchunk, c.per_lane = acc, ldb, nchunk, per_lane
         if use_smooth != 0:
             for s in cutlass.range(warp, nsteps, W, unroll=1):
                 self._step(c, s, True)
@@ -570,40 +593,64 @@ class _QuantizeAct:
     class _Ctx:
         """Trace-time bag of the kernel's per-thread values (keeps the loop body out of the AST rewrite)."""
 
+    def _copy_x(self, c, slot, step):
+        """cp.async this lane's x of `step` into ring slot `slot`: chunk (row q, half hv) at
+        slot + (2q + hv) * 512 + 16 * lane (a warp's 16-byte accesses to one chunk index are contiguous)."""
+        base = c.xring + slot * self.xstage + 16 * c.lane
+        for q in range(2 * self.MT):
+            for hv in range(2):
+                _cp_async16_cg(base + (2 * q + hv) * 512, c.xb + Int64(c.xrow[q] + step * STEP_K + 8 * hv) * 2)
+
+    def _copy_smooth(self, c, slot, step):
+        """cp.async the lane's smooth pair (k = 2*lane, 2*lane + 1 of `step`) into ring slot `slot`."""
+        _cp_async4(c.sring + slot * _SM_STAGE_BYTES + 4 * c.lane,
+                   c.smooth.toint() + (Int64(step) * STEP_K + Int64(2 * c.lane)) * 2)
+
+    def _copy_lora(self, c, buf, step):
+        """cp.async the [64, R] lora_down tile of `step` into tile buffer `buf` (rows in the ldmatrix order)."""
+        R, P = self.R, self.P
+        nb = c.lbuf + buf * (STEP_K * P)
+        for i in range((STEP_K * c.nchunk) // 32):
+            ch = c.lane + 32 * i
+            kk = ch // c.nchunk
+            cc = ch % c.nchunk
+            srow = 16 * ((kk >> 2) & 3) + 8 * ((kk >> 1) & 1) + 2 * (kk >> 4) + (kk & 1)
+            _cp_async16(nb + srow * P + cc * 16, c.ldb + ((Int64(step) * STEP_K + Int64(kk)) * R + cc * 8) * 2)
+
     def _step(self, c, s, smoothing):
-        """One K step of one warp (plain Python at trace time); smoothing: trace the x / smooth path."""
-        W, MT, R, dt, P = self.W, self.MT, self.R, self.dt, self.P
+        """One K step of one warp (plain Python at trace time); smoothing: trace the x / smooth path.
+
+        Copies in flight keep the order x_i, L_i, x_i+1, L_i+1, ... (L = lora_down tile): step i commits
+        L_i+1 and x_i+NS-1, then waits for x_i (and, before its MMAs, for L_i)."""
+        W, MT, R, dt, P, NS = self.W, self.MT, self.R, self.dt, self.P, self.NS
         NG = 2 * MT
-        warp, lane, t, g, m, k, nsteps, kg, m_cover = c.warp, c.lane, c.t, c.g, c.m, c.k, c.nsteps, c.kg, c.m_cover
-        use_smooth, rs_s, lbuf, xrow, rowv, valid, nxt, sm_nxt = (c.use_smooth, c.rs_s, c.lbuf, c.xrow, c.rowv,
-                                                                   c.valid, c.nxt, c.sm_nxt)
-        actb, scb, smooth = c.actb, c.scb, c.smooth
+        warp, lane, t, m, k, nsteps, kg, m_cover = c.warp, c.lane, c.t, c.m, c.k, c.nsteps, c.kg, c.m_cover
+        rs_s, lbuf, rowv, valid = c.rs_s, c.lbuf, c.rowv, c.valid
+        actb, scb = c.actb, c.scb
         if R > 0:
-            acc, ldb, nchunk, per_lane = c.acc, c.ldb, c.nchunk, c.per_lane
+            acc = c.acc
         it = (s - warp) // W
-        cur = [nxt[i] for i in range(NG * 8)]
-        sm_cur = sm_nxt[0]
         cute.arch.sync_warp()                             # everyone is done with the last rs / tile reads
-        # prefetch step s + W (clamped to a valid step: the last one is re-read, harmlessly)
-        sn = cutlass.min(s + W, nsteps - 1)
+        # copies for later steps (clamped to a valid step: the last one is re-read, harmlessly)
+        if R > 0:
+            self._copy_lora(c, (it + 1) % 2, cutlass.min(s + W, nsteps - 1))
+            _cp_commit()
+        sn = cutlass.min(s + (NS - 1) * W, nsteps - 1)
+        slot_n = (it + NS - 1) % NS
+        self._copy_x(c, slot_n, sn)
+        if smoothing:
+            self._copy_smooth(c, slot_n, sn)
+        _cp_commit()
+        # x (and smooth) of this step: newer than it are x_i+NS-1 and, with LoRA, L_i+1, x_i+1, L_i
+        _cp_wait(4 if R > 0 else NS - 1)
+        slot = it % NS
+        xs = c.xring + slot * self.xstage + 16 * lane
+        cur = []
         for q in range(NG):
             for hv in range(2):
-                v = _ld_v4(c.xb + Int64(xrow[q] + sn * STEP_K + 8 * hv) * 2)
-                for i in range(4):
-                    nxt[q * 8 + hv * 4 + i] = v[i]
+                cur.extend(list(_lds_v4(xs + (2 * q + hv) * 512)))
         if smoothing:
-            sm_nxt[0] = _ld_pred_u32(smooth.toint() + (Int64(sn) * STEP_K + Int64(2 * lane)) * 2,
-                                  use_smooth, _ONE_PAIR[dt])
-        if R > 0:
-            nb = lbuf + ((it + 1) % 2) * (STEP_K * P)
-            for i in range(per_lane):
-                c = lane + 32 * i
-                kk = c // nchunk
-                cc = c % nchunk
-                srow = 16 * ((kk >> 2) & 3) + 8 * ((kk >> 1) & 1) + 2 * (kk >> 4) + (kk & 1)
-                _cp_async16(nb + srow * P + cc * 16,
-                            ldb + ((Int64(sn) * STEP_K + Int64(kk)) * R + cc * 8) * 2)
-            _cp_commit()
+            sm_cur = _lds_u32(c.sring + slot * _SM_STAGE_BYTES + 4 * lane)
 
         if smoothing:
             # reciprocals of smooth for the step's 64 k: lane computes k = 2*lane, 2*lane + 1
@@ -634,7 +681,7 @@ class _QuantizeAct:
         # ---- LoRA-down MMAs over the staged tile (issued before the code work so that
         #      their latency overlaps it) ---------------------------------------
         if R > 0:
-            _cp_wait(1)
+            _cp_wait(3)                                   # L_i (newer: x_i+NS-1, L_i+1, x_i+1)
             cute.arch.sync_warp()
             cb = lbuf + (it % 2) * (STEP_K * P)
             mq = lane // 8

@@ -16,6 +16,8 @@ FAMILIES: dict[tuple[str, str], str] = {
     ("quantize_act", "sm_90a"): "svdq_kernels.quantize_act",
     ("quantize_act", "sm_100a"): "svdq_kernels.quantize_act",
     ("quantize_act", "sm_103a"): "svdq_kernels.quantize_act",
+    ("gemm_w4a4", "sm_100a"): "svdq_kernels.sm100_gemm_w4a4",
+    ("gemm_w4a4", "sm_103a"): "svdq_kernels.sm100_gemm_w4a4",
     ("gemm_w4a4", "sm_120a"): "svdq_kernels.sm120_gemm_w4a4",
     ("gemm_w4a4", "sm_121a"): "svdq_kernels.sm120_gemm_w4a4",
     ("quantize_act", "sm_120a"): "svdq_kernels.quantize_act",

@@ -2,6 +2,7 @@
 
     import svdq_loader
     lib = svdq_loader.load("artifacts")       # manifest checksum, sha256s, cross-checks; no CUDA yet
+    lib = svdq_loader.load()                  # $SVDQ_ARTIFACTS, an installed artifact wheel, ./artifacts
     act, ascales, la = lib.quantize_act(x, smooth=smooth, lora_down=lora_down)
     y = lib.gemm_w4a4(act, w, ascales, lora_act_in=la)        # w = lib.prepare_weight(...)
 
@@ -15,8 +16,11 @@ from ._version import __version__
 __all__ = ["__version__", "load", "Library"]
 
 
-def load(path: str = "artifacts"):
-    """Read, validate, sha256-verify and cross-check the artifacts in `path` (no CUDA call)."""
+def load(path: str | None = None):
+    """Read, validate, sha256-verify and cross-check the artifacts in `path` (no CUDA call).
+
+    With no path: ``$SVDQ_ARTIFACTS``, then an installed artifact package, then ``./artifacts``.
+    """
     from .library import load as _load
     return _load(path)
 

@@ -209,9 +209,9 @@ def _records(body: bytes, where: str):
         if i + 2 > n:
             raise CubinFormatError(f"truncated record in {where}")
         fmt, attr = body[i], body[i + 1]
-        if fmt == EIFMT_NVAL:
+        if fmt == EIFMT_NVAL:  # a 4-byte header whose value half is unused (seen on sm_100a cubins)
             yield attr, fmt, b""
-            i += 2
+            i += 4
         elif fmt in (EIFMT_BVAL, EIFMT_HVAL):
             if i + 4 > n:
                 raise CubinFormatError(f"truncated record in {where}")

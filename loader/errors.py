@@ -33,5 +33,14 @@ class NoCuda(DeviceMismatch):
     """torch has no CUDA (a CPU-only build, or no GPU visible): kernels cannot be loaded or launched."""
 
 
+class ArtifactsNotFound(ArtifactError):
+    """`load()` with no path found no artifacts; the message lists every place it searched."""
+
+
+class IncompatibleArtifacts(ManifestError):
+    """An installed artifact package was built for a loader version range this loader is outside of."""
+
+
 __all__ = ["InvalidArgument", "UnsupportedProblem", "DeviceMismatch", "LaunchRefused", "CaptureError",
-           "TorchMissing", "NoCuda", "DriverTooOld", "ArtifactError", "ArtifactIntegrityError", "ManifestError"]
+           "TorchMissing", "NoCuda", "DriverTooOld", "ArtifactsNotFound", "IncompatibleArtifacts", "ArtifactError",
+           "ArtifactIntegrityError", "ManifestError"]

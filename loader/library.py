@@ -300,6 +300,13 @@ def _bind_raw_stream():
     return _raw_stream
 
 
-def load(path: str = "artifacts") -> Library:
-    """Read, validate and cross-check the artifacts in `path`. No CUDA call is made here."""
+def load(path: str | None = None) -> Library:
+    """Read, validate and cross-check the artifacts in `path`. No CUDA call is made here.
+
+    With no `path`: ``$SVDQ_ARTIFACTS``, then an installed artifact package (entry point
+    ``svdq_loader.artifacts``), then ``./artifacts`` (see `svdq_loader.discovery`).
+    """
+    if path is None:
+        from .discovery import find_artifacts
+        path = find_artifacts().path
     return Library(path)

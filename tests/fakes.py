@@ -2,8 +2,9 @@
 
 `install_fake(monkeypatch)` replaces the registry seen by `svdq_aot.variants`
 and `svdq_aot.config` with one holding a fake ``gemm_w4a4`` family and a
-fake ``quantize_act`` family for sm_90a (quantize_act also for sm_100a / sm_103a, and both ops for
-sm_120a / sm_121a, the GEMM there in the blocked scale layout).
+fake ``quantize_act`` family for sm_90a (and quantize_act for sm_100a), a fake ``gemm_w4a4``
+family for sm_100a/sm_103a, and both ops for sm_120a / sm_121a (the GEMM there in the blocked
+scale layout).
 """
 from __future__ import annotations
 
@@ -98,13 +99,41 @@ def make_quant_family(**overrides) -> types.SimpleNamespace:
     return fam
 
 
+def make_blackwell_gemm_family() -> types.SimpleNamespace:
+    """A fake of sm100_gemm_w4a4's config surface: tiles [cta_group, tile_m, tile_n], ab_stages."""
+    fam = types.SimpleNamespace(__name__="fake.gemm_sm100")
+    fam.OP = "gemm_w4a4"
+    fam.ARCHS = ("sm_100a", "sm_103a")
+    fam.NAME = "fake_gemm_sm100"
+    fam.TUNING = dict(cta_group=(1, 2), tile_m=(128, 256), tile_n=(128, 256), ab_stages=(2, 3, 4, 5))
+
+    def config_axes(arch, section):
+        problems = [f"{k}: unknown key (allowed: tiles, ab_stages)" for k in section if k not in ("tiles", "ab_stages")]
+        tiles = section.get("tiles", [[2, 256, 128]])
+        return [dict(cta_group=t[0], tile_m=t[1], tile_n=t[2], ab_stages=s) for t in tiles
+                for s in section.get("ab_stages", ["auto"])], problems
+
+    def compile(arch, knobs, name, dump_dir):
+        return CompiledKernel(cubin=b"\x7fELF-fake-" + name.encode(), compiled=name, entry=f"host_{name}",
+                              kernel_symbols=[f"{name}_0"], smem_bytes=4096)
+
+    fam.config_axes = config_axes
+    fam.resolve = lambda arch, knobs: dict(knobs, ab_stages=4) if knobs["ab_stages"] == "auto" else dict(knobs)
+    fam.invalid_reason = lambda arch, knobs: None
+    fam.requirements = lambda arch, knobs: {"n_multiple": knobs["tile_n"], "k_multiple": 256}
+    fam.compile = compile
+    return fam
+
+
 def make_fake_registry(gemm=None, quant=None) -> types.SimpleNamespace:
     gemm = gemm or make_gemm_family()
     quant = quant or make_quant_family()
+    bw = make_blackwell_gemm_family()
     gemm12 = make_gemm_family(__name__="fake.gemm12", ARCHS=("sm_120a", "sm_121a"), NAME="fake_gemm12")
     gemm12.FEATURES = dict(gemm12.FEATURES, scale_layout=("blocked",))
     fams = {("gemm_w4a4", "sm_90a"): gemm, ("quantize_act", "sm_90a"): quant, ("quantize_act", "sm_100a"): quant,
-            ("quantize_act", "sm_103a"): quant, ("gemm_w4a4", "sm_120a"): gemm12, ("gemm_w4a4", "sm_121a"): gemm12,
+            ("quantize_act", "sm_103a"): quant, ("gemm_w4a4", "sm_100a"): bw, ("gemm_w4a4", "sm_103a"): bw,
+            ("gemm_w4a4", "sm_120a"): gemm12, ("gemm_w4a4", "sm_121a"): gemm12,
             ("quantize_act", "sm_120a"): quant, ("quantize_act", "sm_121a"): quant}
 
     def family(op, arch):

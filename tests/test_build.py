@@ -95,8 +95,8 @@ def test_build_writes_everything(fake, cfg, tmp_path):
     assert len(m.variants) == 10 and len(m.rejected) == 2
     assert all("SMEM" in r.reason for r in m.rejected)
     assert len(lines) == 10 and lines[0].startswith("[ 1/10] svdq_gemm_w4a4_sm90a_outdtypebf16_rank0_")
-    assert lines[0].endswith("s")
-    assert listing(out) == {MANIFEST_NAME} | {v.cubin for v in m.variants} | \
+    assert " compiled " in lines[0] and "MiB" in lines[0]
+    assert listing(out) == {MANIFEST_NAME, A.RECORD_NAME, "build-report.md"} | {v.cubin for v in m.variants} | \
         {v.host_program.file for v in m.variants}
     for v in m.variants:
         assert v.cubin == f"{v.name}.cubin" and v.host_program.file == f"{v.name}.host.json"
@@ -141,8 +141,8 @@ def test_rebuild_removes_stale_files_after_manifest(fake, cfg, tmp_path):
     cfg.write_text(CFG.replace("ranks: [0, 32, 128]", "ranks: [32]"))
     m = build(cfg, out)
     assert len(m.variants) == 4
-    assert listing(out) == {MANIFEST_NAME, "README.md"} | {v.cubin for v in m.variants} | \
-        {v.host_program.file for v in m.variants}
+    assert listing(out) == {MANIFEST_NAME, "README.md", A.RECORD_NAME, "build-report.md"} | \
+        {v.cubin for v in m.variants} | {v.host_program.file for v in m.variants}
     verify_artifacts(read_manifest(out), out)
 
 
@@ -184,6 +184,7 @@ def test_interrupted_rebuild_keeps_old_manifest_consistent(fake, monkeypatch, cf
 
     # Same variants, different bytes -> every host program conflicts with the old manifest.
     monkeypatch.setattr(B, "_serialize_host", lambda c: {"entry": f"host_{c}", "v": 2})
+    monkeypatch.setenv("SVDQ_AOT_CACHE", str(tmp_path / "cache2"))   # the fake family has no sources to key on
     writes = []
     real_write = A.atomic_write_bytes
 
@@ -224,7 +225,7 @@ def test_interrupted_build_into_fresh_dir_leaves_no_manifest(fake, monkeypatch, 
     with pytest.raises(OSError):
         build(cfg, out)
     assert not (out / MANIFEST_NAME).exists()
-    assert listing(out) == set()  # files written before the failure are discarded
+    assert not out.exists() or listing(out) == set()  # files written before the failure are discarded
 
 
 def test_serialization_failure_names_variant(fake, monkeypatch, cfg, tmp_path):
@@ -307,10 +308,10 @@ def test_out_dir_is_a_file(fake, cfg, tmp_path):
 
 def test_cli_build_verify_variants(fake, cfg, tmp_path):
     out = tmp_path / "art"
-    r = CliRunner().invoke(main, ["build", str(cfg), "-o", str(out)])
+    r = CliRunner().invoke(main, ["build", str(cfg), "-o", str(out), "-j", "1"])
     assert r.exit_code == 0, r.output
     assert "[ 1/10] " in r.output
-    assert "built 10 variant(s), rejected 2" in r.output and str(out) in r.output
+    assert "built 10 variant(s) (0 from the cache, 10 compiled), rejected 2" in r.output and str(out) in r.output
     assert ("rejected svdq_gemm_w4a4_sm90a_outdtypebf16_rank128_wcscale1_bias1_tilem128_tilen256_tilek64"
             "_stages2_reqn256k64: SMEM") in r.output
 
@@ -324,7 +325,7 @@ def test_cli_build_verify_variants(fake, cfg, tmp_path):
 
 def test_cli_errors_are_one_line(fake, cfg, tmp_path):
     cfg.write_text(CFG.replace("ranks: [0, 32, 128]", "ranks: [true]"))
-    r = CliRunner().invoke(main, ["build", str(cfg), "-o", str(tmp_path / "art")])
+    r = CliRunner().invoke(main, ["build", str(cfg), "-o", str(tmp_path / "art"), "-j", "1"])
     assert r.exit_code == 1
     assert r.output.startswith("Error: ") and r.output.count("\n") == 1 and "ranks[0]" in r.output
     assert "Traceback" not in r.output and not (tmp_path / "art").exists()
@@ -341,7 +342,7 @@ def test_cli_errors_are_one_line(fake, cfg, tmp_path):
 
 def test_cli_build_failure_and_tamper(fake, monkeypatch, cfg, tmp_path):
     out = tmp_path / "art"
-    assert CliRunner().invoke(main, ["build", str(cfg), "-o", str(out)]).exit_code == 0
+    assert CliRunner().invoke(main, ["build", str(cfg), "-o", str(out), "-j", "1"]).exit_code == 0
     victim = sorted(out.glob("*.cubin"))[0]
     data = bytearray(victim.read_bytes())
     data[5] ^= 0xFF
@@ -350,8 +351,9 @@ def test_cli_build_failure_and_tamper(fake, monkeypatch, cfg, tmp_path):
     assert r.exit_code == 1 and victim.name in r.output and "sha256 mismatch" in r.output
 
     monkeypatch.setattr(B, "_serialize_host", lambda c: (_ for _ in ()).throw(ValueError("nope")))
-    r = CliRunner().invoke(main, ["build", str(cfg), "-o", str(tmp_path / "b")])
-    assert r.exit_code == 1 and r.output.startswith("Error: variant svdq_gemm_w4a4_") and "Traceback" not in r.output
+    r = CliRunner().invoke(main, ["build", str(cfg), "-o", str(tmp_path / "b"), "--no-cache", "-j", "1"])
+    assert r.exit_code == 1 and r.output.splitlines()[-1].startswith("Error: variant svdq_gemm_w4a4_")
+    assert "Traceback" not in r.output and not (tmp_path / "b").exists()
 
 
 def test_console_script_help():

@@ -77,7 +77,8 @@ def test_repo_configs_load():
     assert set(flux.wcscale) == set(flux.bias) == {True, False}
     assert flux.archs == ("sm_90a", "sm_100a", "sm_103a", "sm_120a", "sm_121a")
     assert [op for op, _ in flux.sections("sm_90a")] == ["gemm_w4a4", "quantize_act"]
-    assert [op for op, _ in flux.sections("sm_100a")] == ["quantize_act"]
+    assert [op for op, _ in flux.sections("sm_100a")] == ["gemm_w4a4", "quantize_act"]
+    assert [op for op, _ in flux.sections("sm_103a")] == ["gemm_w4a4", "quantize_act"]
     for arch in ("sm_120a", "sm_121a"):
         assert [op for op, _ in flux.sections(arch)] == ["gemm_w4a4", "quantize_act"]
     tiny = load_config(ROOT / "configs" / "tiny.yaml")
@@ -109,8 +110,6 @@ def test_repo_configs_load():
     (lambda d: d.update(archs=["sm_80"]), "archs[0]", "'sm_80'", "unknown arch"),
     (lambda d: d["variants"].update(sm_100a={"quantize_act": {}}), "variants.sm_100a", None,
      "not listed in archs"),
-    (lambda d: (d.update(archs=["sm_90a", "sm_100a"]), d["variants"].update(sm_100a={"gemm_w4a4": {}})),
-     "variants.sm_100a.gemm_w4a4", "{}", "no kernel family builds operator 'gemm_w4a4' on sm_100a"),
     # ranks
     (lambda d: d.update(ranks=[0, 24]), "ranks[1]", "24", "multiple of 16"),
     (lambda d: d.update(ranks=[-16]), "ranks[0]", "-16", "negative"),
@@ -135,6 +134,15 @@ def test_rules(tmp_path, fn, path, value, rule):
     if value is not None:
         assert value in msg, msg
     assert rule in msg, msg
+
+
+def test_section_for_an_op_without_a_family_on_the_arch(tmp_path, monkeypatch):
+    from svdq_aot import config as C
+    have = tuple(k for k in C._registered() if k != ("gemm_w4a4", "sm_100a"))
+    monkeypatch.setattr(C, "_registered", lambda: have)
+    msg = err(tmp_path, mutate(lambda d: (d.update(archs=["sm_90a", "sm_100a"]),
+                                          d["variants"].update(sm_100a={"gemm_w4a4": {}}))))
+    assert ": variants.sm_100a.gemm_w4a4: {}: no kernel family builds operator 'gemm_w4a4' on sm_100a" in msg, msg
 
 
 def test_config_alone_does_not_judge_coverage(tmp_path):

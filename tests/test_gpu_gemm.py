@@ -17,6 +17,7 @@ from __future__ import annotations
 import pytest
 
 from gpu_env import ART, SEED, torch  # noqa: F401  (skips this module without a GPU or artifacts)
+from svdq_loader.testing import gpu_checks  # noqa: E402
 from svdq_loader.testing import reference as ref  # noqa: E402
 
 import svdq_loader  # noqa: E402
@@ -25,8 +26,6 @@ pytestmark = pytest.mark.gpu
 
 FLUX_KN = [(3072, 9216), (3072, 3072), (3072, 12288), (12288, 3072), (3072, 21504), (15360, 3072)]
 MS = [1, 77, 256, 1000, 4608]
-TOL = {"bf16": 1e-2, "fp16": 2e-3}
-TORCH_DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @pytest.fixture(scope="module")
@@ -35,28 +34,9 @@ def lib():
 
 
 def _run_case(lib, m, n, k, r, dt, wc, b, seed, prepared=False):
-    seed = (seed * 1000003 + SEED) % (2**31)
-    p = ref.random_problem(m, n, k, r, seed=seed, out_dtype=dt, wcscale=wc, bias=b, device="cuda")
-    expect = ref.reference_torch_f64(**p)            # float64, on the GPU, independent of the kernel
-    guard = 3
-    buf = torch.full((m + guard, n), float("nan"), dtype=TORCH_DT[dt], device="cuda")
-    out = buf[:m]
-    kw = dict(lora_act_in=p.get("lora_act_in"), out=out)
-    if prepared:
-        w = lib.prepare_weight(p["wgt"], p["wscales"], lora_up=p.get("lora_up"), wcscale=p.get("wcscale"),
-                               bias=p.get("bias"))
-        y = lib.gemm_w4a4(p["act"], w, p["ascales"], **kw)
-    else:
-        y = lib.gemm_w4a4(p["act"], p["wgt"], p["ascales"], p["wscales"], lora_up=p.get("lora_up"),
-                          wcscale=p.get("wcscale"), bias=p.get("bias"), **kw)
-    torch.cuda.synchronize()
-    assert y.data_ptr() == out.data_ptr()
-    assert not torch.isnan(y).any(), f"{int(torch.isnan(y).sum())} output elements never written (still NaN)"
-    assert torch.isnan(buf[m:]).all(), "kernel wrote past row M into the guard rows"
-    yd = y.double()
-    rel = float(torch.linalg.vector_norm(yd - expect) / torch.linalg.vector_norm(expect))
-    assert rel <= TOL[dt], f"relative error {rel:.3e} > {TOL[dt]:.0e} (M={m} N={n} K={k} R={r} {dt} wc={wc} b={b} seed={seed})"
-    return rel
+    res = gpu_checks.gemm_case(lib, m, n, k, r, dt, wc, b, seed, prepared=prepared, base_seed=SEED)
+    assert res.ok, res.message
+    return res.error
 
 
 # 1. every feature combination (R x dtype x wcscale x bias) at ragged and tile-sized M

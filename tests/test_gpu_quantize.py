@@ -15,6 +15,7 @@ from __future__ import annotations
 import pytest
 
 from gpu_env import ART, SEED, torch  # noqa: F401  (skips this module without a GPU or artifacts)
+from svdq_loader.testing import gpu_checks  # noqa: E402
 from svdq_loader.testing import reference as ref  # noqa: E402
 from svdq_loader.testing.quantize_ref import quantize_act_ref_torch  # noqa: E402
 
@@ -23,8 +24,6 @@ import svdq_loader  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
-LORA_TOL = {"bf16": 4e-3, "fp16": 1e-3}     # relative (norm) error of lora_act_in: output rounding only
-GUARD = 64
 
 
 @pytest.fixture(scope="module")
@@ -33,80 +32,14 @@ def lib():
 
 
 def _layout():
-    major, _ = torch.cuda.get_device_capability()
-    return "logical" if major == 9 else "blocked"
-
-
-def _gen(seed):
-    g = torch.Generator(device="cpu")
-    g.manual_seed((seed * 1000003 + SEED) % (2**63))
-    return g
-
-
-def _make_x(m, k, dt, g, special=False):
-    """Rows with groups over many binades; `special` adds tie / zero / subnormal-scale groups."""
-    mag = torch.exp2(torch.empty(m, k // 16, 1).uniform_(-10, 6, generator=g))
-    x = (torch.randn(m, k // 16, 16, generator=g) * mag).reshape(m, k)
-    if special:
-        ties = torch.tensor([6, .25, .75, 1.25, 1.75, 2.5, 3.5, 5, -.25, -.75, -1.25, -1.75, -2.5, -3.5, -5, -6])
-        gcount = k // 16
-        for r in range(m):
-            gi = (r * 7) % gcount
-            kind = r % 5
-            scale = {0: 2.0 ** ((r % 9) - 4), 1: 0.0, 2: 2.0**-10, 3: 2.0**-12, 4: 2.0**-9}[kind]
-            x[r, 16 * gi:16 * gi + 16] = ties * scale
-        if k >= 32:
-            x[0, 16:32] = 1e-40 if dt == "bf16" else 2.0**-24          # fp32-subnormal / fp16-subnormal inputs
-    return x.to(DT[dt])
-
-
-def _call(lib, x, smooth, lora_down, outs=None):
-    """lib.quantize_act, into caller-provided (poisoned) outputs when `outs` is given."""
-    if outs is None:
-        return lib.quantize_act(x, smooth=smooth, lora_down=lora_down), False
-    return lib.quantize_act(x, smooth=smooth, lora_down=lora_down, out_act=outs[0],
-                            out_scales=outs[1].view(torch.float8_e4m3fn), out_lora=outs[2]), True
+    return gpu_checks.device_scale_layout()
 
 
 def _case(lib, m, k, dt, use_smooth, r, seed, special=False):
-    g = _gen(seed)
-    x = _make_x(m, k, dt, g, special).cuda()
-    smooth = (torch.rand(k, generator=g) * 3.75 + 0.25).to(DT[dt]).cuda() if use_smooth else None
-    lora_down = (torch.randn(k, r, generator=g) / k**0.5).to(DT[dt]).cuda() if r else None
-    layout = _layout()
-    a_ref, s_ref, l_ref = quantize_act_ref_torch(x, smooth, lora_down, layout)
-
-    # poisoned outputs inside larger buffers (used when the loader accepts them)
-    act_buf = torch.full((m * k // 2 + GUARD,), 0xFF, dtype=torch.uint8, device="cuda")
-    asc_buf = torch.full((s_ref.numel() + GUARD,), 0xFF, dtype=torch.uint8, device="cuda")
-    lai_buf = torch.full((m * r + GUARD,), float("nan"), dtype=DT[dt], device="cuda") if r else None
-    outs = (act_buf[: m * k // 2].view(m, k // 2), asc_buf[: s_ref.numel()].view(s_ref.shape),
-            None if not r else lai_buf[: m * r].view(m, r))
-    (act, asc, lai), used_bufs = _call(lib, x, smooth, lora_down, outs)
-    torch.cuda.synchronize()
-    what = f"M={m} K={k} {dt} smooth={use_smooth} R={r} special={special} seed={seed} base={SEED}"
-
-    act_h = act.view(torch.uint8).cpu().reshape(m, k // 2)
-    asc_h = asc.view(torch.uint8).cpu().reshape(s_ref.shape)
-    bad_a = int((act_h != a_ref).sum())
-    bad_s = int((asc_h != s_ref).sum())
-    assert bad_s == 0, f"{bad_s} scale bytes differ from the reference ({what})"
-    assert bad_a == 0, f"{bad_a} code bytes differ from the reference ({what})"
-    if used_bufs:
-        assert act.data_ptr() == act_buf.data_ptr() and asc.data_ptr() == asc_buf.data_ptr()
-        assert (act_buf[m * k // 2:] == 0xFF).all(), f"act written past its end ({what})"
-        assert (asc_buf[s_ref.numel():] == 0xFF).all(), f"ascales written past its end ({what})"
-    if r:
-        assert lai is not None and lai.shape == (m, r) and lai.dtype == DT[dt]
-        ld = lai.double().cpu()
-        assert torch.isfinite(ld).all(), f"lora_act_in has non-finite values ({what})"
-        rel = float(torch.linalg.vector_norm(ld - l_ref) / torch.linalg.vector_norm(l_ref).clamp_min(1e-30))
-        assert rel <= LORA_TOL[dt], f"lora_act_in relative error {rel:.2e} ({what})"
-        if used_bufs:
-            assert torch.isnan(lai_buf[m * r:]).all(), f"lora_act_in written past its end ({what})"
-    else:
-        assert lai is None
-    return act, asc, lai, (a_ref, s_ref, l_ref), (x, smooth, lora_down)
+    res, (act, asc, lai), refs, inputs = gpu_checks.quantize_case(lib, m, k, dt, use_smooth, r, seed,
+                                                                 base_seed=SEED, special=special)
+    assert res.ok, res.message
+    return act, asc, lai, refs, inputs
 
 
 # 1. many shapes, both dtypes, with / without smooth, R in {0, 32}

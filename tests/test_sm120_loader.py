@@ -4,8 +4,8 @@ One real build (gemm_w4a4 + quantize_act for sm_120a, bf16, R = 32) and tensors 
 no storage.  On a device reporting sm_90a (the H200) both ops are refused before anything is loaded or
 launched, naming the device's arch; on a device reporting sm_120a the calls launch the sm_120a
 kernels, the weight must have been prepared in this GEMM's format (blocked scales) and the activation
-scales must come in the blocked layout.  `sm120_weight.blocked_scales` is checked against the
-reference `to_blocked`.  Nothing runs on a GPU.
+scales must come in the blocked layout.  `sm120_weight.convert` is checked against the reference
+`to_blocked` (and leaves lora_up as given).  Nothing runs on a GPU.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from svdq_aot.build import build  # noqa: E402
 from svdq_loader.errors import InvalidArgument, UnsupportedProblem  # noqa: E402
 from svdq_loader.ops import gemm_w4a4 as gemm_op  # noqa: E402
 from svdq_loader.ops.layouts import WEIGHT_FORMAT_BY_ARCH, scale_shape  # noqa: E402
-from svdq_loader.ops.sm120_weight import blocked_scales  # noqa: E402
+from svdq_loader.ops.sm120_weight import convert  # noqa: E402
 from svdq_loader.testing.reference import to_blocked  # noqa: E402
 
 from fake_cuda import FakeCuda, fake_driver  # noqa: E402
@@ -82,8 +82,8 @@ def test_refused_on_the_h200_naming_its_arch(artifacts, monkeypatch):
                                                  r"the artifacts hold quantize_act for \['sm_120a'\]"):
         _quant(lib, layout_shape=(M, K // 16))
     # a weight prepared for sm_120a is refused on the sm_90a device by its format, before selection
-    with pytest.raises(InvalidArgument, match=r"prepared in the sm120_weight weight format but the sm_90a GEMM "
-                                              r"reads the logical one"):
+    with pytest.raises(InvalidArgument, match=r"prepared for the sm120_weight weight format .* but the sm_90a "
+                                              r"GEMM reads the logical one"):
         _gemm(lib, _weight("sm120_weight"), ascales_shape=(M, K // 16))
     from svdq_loader import library
     monkeypatch.setattr(library, "_ordinal", lambda device: 0)
@@ -98,8 +98,8 @@ def test_launches_on_an_sm120_device(artifacts, monkeypatch):
     _quant(lib)
     assert len(rec.loads) == 2 and len(rec.launches) == 2
     assert all("_sm120a_" in s for syms in rec.loads for s in syms)
-    with pytest.raises(InvalidArgument, match=r"prepared in the logical weight format but the sm_120a GEMM reads "
-                                              r"the sm120_weight one"):
+    with pytest.raises(InvalidArgument, match=r"prepared for the logical weight format .* but the sm_120a GEMM "
+                                              r"reads the sm120_weight one"):
         _gemm(lib, _weight(None))
     with pytest.raises(InvalidArgument, match=r"ascales has shape \(77, 16\) but the sm_120a GEMM reads the blocked"):
         _gemm(lib, _weight("sm120_weight"), ascales_shape=(M, K // 16))
@@ -122,10 +122,12 @@ def test_weight_format_table():
 
 
 @pytest.mark.parametrize("rows, groups", [(256, 16), (77, 16), (130, 24), (1, 4), (128, 6)])
-def test_blocked_scales_match_the_reference(rows, groups):
+def test_weight_conversion_matches_the_reference(rows, groups):
     g = torch.Generator().manual_seed(rows * 31 + groups)
     raw = torch.randint(1, 127, (rows, groups), generator=g, dtype=torch.uint8)   # positive, non-NaN E4M3 bytes
-    got = blocked_scales(raw.view(F8))
+    lora_up = torch.randn(rows, 32, generator=g).to(BF)
+    got, lu = convert(rows, 16 * groups, raw.view(F8), lora_up, torch.rand(rows, generator=g) + 0.5)
+    assert lu is lora_up                     # LoRA is added after wcscale: lora_up is used as given
     assert got.dtype == F8 and tuple(got.shape) == scale_shape("blocked", rows, 16 * groups)
     want = to_blocked(raw.numpy())
     np.testing.assert_array_equal(got.view(U8).reshape(-1).numpy(), want)

@@ -201,8 +201,13 @@ def test_real_registry_flux_enumerates():
         assert isinstance(r, str) and r
     ops = {(x.op, x.arch) for x in valid}
     assert {("gemm_w4a4", "sm_90a"), ("quantize_act", "sm_90a"), ("quantize_act", "sm_100a"),
-            ("quantize_act", "sm_103a"), ("gemm_w4a4", "sm_120a"), ("gemm_w4a4", "sm_121a"),
-            ("quantize_act", "sm_120a"), ("quantize_act", "sm_121a")} <= ops
-    # one tile per GEMM arch (sm_90a, sm_120a, sm_121a): out_dtype x rank x wcscale x bias
-    assert sum(x.op == "gemm_w4a4" for x in valid) == 3 * 2 * 6 * 2 * 2
+            ("quantize_act", "sm_103a"), ("gemm_w4a4", "sm_100a"), ("gemm_w4a4", "sm_103a"),
+            ("gemm_w4a4", "sm_120a"), ("gemm_w4a4", "sm_121a"), ("quantize_act", "sm_120a"),
+            ("quantize_act", "sm_121a")} <= ops
+    # one tile per arch: every (out_dtype, rank, wcscale, bias) combination, on five archs
+    assert sum(x.op == "gemm_w4a4" for x in valid) == 5 * 2 * 6 * 2 * 2
+    bw = [x for x in valid if x.op == "gemm_w4a4" and x.arch in ("sm_100a", "sm_103a")]
+    assert all(dict(x.knobs)["cta_group"] == 2 and dict(x.knobs)["ab_stages"] >= 4 for x in bw)
+    g12 = [x for x in valid if x.op == "gemm_w4a4" and x.arch in ("sm_120a", "sm_121a")]
+    assert len(g12) == 2 * 2 * 6 * 2 * 2 and all(dict(x.knobs)["stages"] == 5 for x in g12)
     check_coverage(cfg, valid, rejected)

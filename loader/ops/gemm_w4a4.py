@@ -7,9 +7,10 @@ The spec (`SPEC`) is pure Python.  The torch-facing part (`prepare_weight`,
 touches the GPU.  Logical layouts:
 
     act      [M, K/2]  uint8 (two E2M1 nibbles, low = even k)
-    ascales  [M, K/16] float8_e4m3fn (layout "logical"; see layouts.py)
+    ascales  [M, K/16] float8_e4m3fn (layout "logical"; "blocked" on Blackwell, see layouts.py)
     wgt      [N, K/2]  uint8
-    wscales  [N, K/16] float8_e4m3fn
+    wscales  [N, K/16] float8_e4m3fn (prepare_weight converts it, and lora_up, into the weight format
+                                      of the arch: layouts.WEIGHT_FORMAT_BY_ARCH)
     lora_act_in [M, R], lora_up [N, R]   fp16 or bf16 (= output dtype)
     wcscale, bias [N]  any float dtype (used as float32)
     out      [M, N]    fp16 or bf16, row-major
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .layouts import SCALE_LAYOUT_BY_ARCH
+from .layouts import SCALE_LAYOUT_BY_ARCH, WEIGHT_FORMAT_BY_ARCH
 from .spec import PTR_ALIGN, Feature, OpSpec
 
 
@@ -66,7 +67,7 @@ SPEC = OpSpec(
 # ---------------------------------------------------------------------------
 
 from .checks import check_devices, check_i32_sizes, check_tensor, check_vector, fail, half_dtypes, torch_module  # noqa: E402
-from .layouts import BLOCK_K, WEIGHT_FORMAT_BY_ARCH, scale_shape  # noqa: E402
+from .layouts import BLOCK_K, scale_shape  # noqa: E402
 
 
 def _as_f32(t):
@@ -165,8 +166,11 @@ def plan_call(arch: str, act, weight: PreparedWeight, ascales, *, lora_act_in=No
     layout = SCALE_LAYOUT_BY_ARCH.get(arch, "logical")
     want_shape = scale_shape(layout, m, k)
     if isinstance(ascales, torch.Tensor) and tuple(ascales.shape) != want_shape:
+        hint = ("; logical [M, K/16] scales convert with svdq_loader.ops.blackwell_weight.to_blocked_scales"
+                if layout == "blocked" else "")
         fail(f"ascales has shape {tuple(ascales.shape)} but the {arch} GEMM reads the {layout} scale layout, "
-             f"shape {want_shape} for M={m}, K={k}; pass the ascales that quantize_act wrote on this device")
+             f"shape {want_shape} for M={m}, K={k}; pass the ascales that quantize_act wrote on this device"
+             + hint)
     check_tensor("ascales", ascales, dtype=torch.float8_e4m3fn, ndim=len(want_shape), shape=want_shape)
 
     if (lora_act_in is None) != (weight.lora_up is None):
@@ -190,10 +194,10 @@ def plan_call(arch: str, act, weight: PreparedWeight, ascales, *, lora_act_in=No
     if want is None:
         want = torch.bfloat16
     check_devices(dict(act=act, wgt=weight.wgt, ascales=ascales, lora_act_in=lora_act_in, out=out))
-    want_fmt = WEIGHT_FORMAT_BY_ARCH.get(arch)
-    if weight.weight_format != want_fmt:
-        fail(f"the weight was prepared in the {weight.weight_format or 'logical'} weight format but the {arch} GEMM "
-             f"reads the {want_fmt or 'logical'} one; prepare it with lib.prepare_weight(...) on this device")
+    if weight.weight_format != WEIGHT_FORMAT_BY_ARCH.get(arch):
+        fail(f"the weight was prepared for the {weight.weight_format or 'logical'} weight format ('logical' = as given) but the {arch} "
+             f"GEMM reads the {WEIGHT_FORMAT_BY_ARCH.get(arch) or 'logical'} one; prepare it with "
+             f"lib.prepare_weight(...) on this device")
     if out is None:
         out = torch.empty((m, n), dtype=want, device=act.device)
     ptrs = dict(
@@ -240,14 +244,14 @@ def fast_args(arch: str, act, weight, ascales, lora_act_in, out, out_dtype):
     one-pass check does not take, such as a tensor subclass).
     """
     T, u8, f8, halves, empty = _fast_consts or _consts()
-    if type(act) is not T or type(ascales) is not T or type(weight) is not PreparedWeight:
+    if type(act) is not T or type(ascales) is not T or type(weight) is not PreparedWeight \
+            or weight.weight_format is not None:
         return None
     if act.dtype is not u8 or ascales.dtype is not f8 or act.dim() != 2:
         return None
     m, kh = act.shape
     k, n = weight.k, weight.n
-    if m < 1 or 2 * kh != k or m * n >= _I32 or m * kh >= _I32 or SCALE_LAYOUT_BY_ARCH.get(arch) != "logical" \
-            or weight.weight_format is not None:
+    if m < 1 or 2 * kh != k or m * n >= _I32 or m * kh >= _I32 or SCALE_LAYOUT_BY_ARCH.get(arch) != "logical":
         return None
     if ascales.shape != (m, k // BLOCK_K) or not act.is_contiguous() or not ascales.is_contiguous():
         return None

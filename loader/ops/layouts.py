@@ -22,10 +22,12 @@ SCALE_LAYOUT_BY_ARCH = {
 }
 SCALE_LAYOUTS = ("logical", "blocked")
 
-#: Per arch, the module (under ``svdq_loader.ops``) whose ``convert(n, k, wscales, lora_up, wcscale)``
-#: returns the (wscales, lora_up) the arch's GEMM reads; `prepare_weight` applies it once.  Archs not
-#: listed read the logical form as given.
+#: Weight-format converters by arch: a module under ``svdq_loader.ops`` whose ``convert(n, k, wscales,
+#: lora_up, wcscale)`` returns the (wscales, lora_up) the arch's GEMM reads; archs not listed read the
+#: logical form as given.
 WEIGHT_FORMAT_BY_ARCH = {
+    "sm_100a": "blackwell_weight",
+    "sm_103a": "blackwell_weight",
     "sm_120a": "sm120_weight",
     "sm_121a": "sm120_weight",
 }
