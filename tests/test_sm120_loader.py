@@ -133,3 +133,53 @@ def test_weight_conversion_matches_the_reference(rows, groups):
     np.testing.assert_array_equal(got.view(U8).reshape(-1).numpy(), want)
     # every logical byte is somewhere, the padding is zero
     assert int((got.view(U8) != 0).sum()) == rows * groups
+
+
+def test_selftest_covers_the_sm120_variants(artifacts, monkeypatch, capsys):
+    """`svdq-aot selftest` on an sm_120a GPU (stubbed) runs every sm_120a variant of the artifacts."""
+    from types import SimpleNamespace
+
+    from svdq_loader import driver
+    from svdq_loader.testing import selftest as S
+    from svdq_loader.testing.gpu_checks import CaseResult
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "Fake RTX PRO 6000")
+    monkeypatch.setattr(driver, "device_arch", lambda i: "sm_120a")
+    real_load = svdq_loader.load
+    monkeypatch.setattr(svdq_loader, "load", lambda path: SimpleNamespace(variants=real_load(path).variants))
+    seen = []
+
+    def fake_run(lib, entry, case, ordinal, base):
+        seen.append((entry.op, entry.requirements, case.kwargs))
+        return CaseResult(True, "ok", 1e-4, 1e-2, 1e-5, [])
+    monkeypatch.setattr(S, "run_case", fake_run)
+    assert S.main([artifacts]) == 0
+    out = capsys.readouterr().out
+    assert "selftest: Fake RTX PRO 6000 (sm_120a), 2 variant(s), 6 case(s)" in out, out
+    assert sorted({op for op, _, _ in seen}) == ["gemm_w4a4", "quantize_act"]
+    for op, req, kw in seen:
+        assert kw["k"] % req["k_multiple"] == 0 and (op != "gemm_w4a4" or kw["n"] % req["n_multiple"] == 0)
+    assert min(kw["k"] for op, _, kw in seen if op == "gemm_w4a4") == 128    # one k-tile: K < 4R
+    monkeypatch.setattr(driver, "device_arch", lambda i: "sm_121a")
+    assert S.main([artifacts]) == 0
+    assert "holds no variants for this GPU's arch sm_121a (built for sm_120a)" in capsys.readouterr().out
+
+
+def test_selftest_pin_key_matches_an_sm120_call(monkeypatch):
+    """selftest pins by (op, device, features, dims); for an sm_120a variant that must be plan_call's key."""
+    from svdq_loader.ops import blackwell_weight
+    from svdq_loader.testing import selftest as S
+    monkeypatch.setattr(gemm_op, "check_devices", lambda named: None)
+    g = torch.Generator().manual_seed(3)
+    w = gemm_op.prepare_weight(torch.zeros(N, K // 2, dtype=U8), torch.ones(N, K // 16).to(F8),
+                               lora_up=torch.randn(N, R, generator=g).to(BF), wcscale=torch.rand(N, generator=g) + 0.5,
+                               arch="sm_120a")
+    assert w.weight_format == "sm120_weight" and tuple(w.wscales.shape) == scale_shape("blocked", N, K)
+    call = gemm_op.plan_call("sm_120a", torch.zeros(M, K // 2, dtype=U8), w,
+                             blackwell_weight.to_blocked_scales(torch.ones(M, K // 16).to(F8)),
+                             lora_act_in=torch.zeros(M, R, dtype=BF))
+    knobs = dict(out_dtype="bf16", rank=R, wcscale=True, bias=False, scale_layout="blocked", tile_m=128,
+                 tile_n=128, tile_k=128, stages=5)
+    assert S._features("gemm_w4a4", knobs) == call.features
+    assert S._dims("gemm_w4a4", dict(m=M, n=N, k=K)) == (("m", call.m), ("n", call.n), ("k", call.k))
