@@ -12,7 +12,7 @@ import importlib
 from types import ModuleType
 
 FAMILIES: dict[tuple[str, str], str] = {
-    ("gemm_w4a4", "sm_90a"): "svdq_kernels.sm90_gemm_w4a4",
+    ("gemm_w4a4", "sm_90a"): "svdq_kernels.sm90_wgmma_w4a4",
     ("quantize_act", "sm_90a"): "svdq_kernels.quantize_act",
     ("quantize_act", "sm_100a"): "svdq_kernels.quantize_act",
     ("quantize_act", "sm_103a"): "svdq_kernels.quantize_act",

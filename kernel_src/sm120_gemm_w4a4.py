@@ -88,7 +88,7 @@ TUNING: dict[str, tuple] = dict(
 )
 FEATURE_VALUES: dict[str, tuple] = dict(
     out_dtype=("fp16", "bf16"),
-    rank=(0, 16, 32, 48, 64, 128),
+    rank=(0, 16, 32, 48, 64, 96, 128),
     wcscale=(False, True),
     bias=(False, True),
     scale_layout=("blocked",),

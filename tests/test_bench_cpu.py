@@ -162,8 +162,10 @@ def test_help_lists_every_option(capsys):
 
 def test_argument_parsing():
     a = bench.build_parser().parse_args([])
-    assert (a.artifacts, a.op, a.rank, a.dtype, a.m, a.baselines) == ("artifacts", "all", 32, ["bf16"], None,
-                                                                      list(bench.BASELINES))
+    assert (a.artifacts, a.op, a.rank, a.dtype, a.m, a.baselines) == ("artifacts", "all", 32, ["bf16", "fp16"],
+                                                                      None, list(bench.BASELINES))
+    assert a.artifacts_dir is None
+    assert bench.build_parser().parse_args(["built/arts", "--config", "c.yaml"]).artifacts_dir == "built/arts"
     a = bench.build_parser().parse_args(["--m", "16,4608", "--dtype", "bf16,fp16", "--baselines", "fp8,compile",
                                          "--op", "quantize_act", "--quick"])
     assert a.m == [16, 4608] and a.dtype == ["bf16", "fp16"] and a.baselines == ["fp8", "compile"] and a.quick

@@ -376,7 +376,7 @@ def _have(mod: str) -> bool:
 
 
 def _real_pieces_missing() -> str | None:
-    for mod in ("svdq_kernels.registry", "svdq_kernels.sm90_gemm_w4a4", "svdq_kernels.quantize_act", "svdq_aot.host_ir",
+    for mod in ("svdq_kernels.registry", "svdq_kernels.sm90_wgmma_w4a4", "svdq_kernels.quantize_act", "svdq_aot.host_ir",
                 "svdq_loader.cubin_info", "cutlass"):
         if not _have(mod):
             return f"{mod} not importable"
@@ -404,7 +404,7 @@ def test_real_tiny_build(tiny_build):
         assert v.kernel_symbols and all(s in v.params and v.params[s] for s in v.kernel_symbols)
         assert all("cutlass" not in s for s in v.kernel_symbols)
         assert v.arch == "sm_90a" and v.knobs[{"gemm_w4a4": "out_dtype", "quantize_act": "dtype"}[v.op]] == "bf16"
-        assert v.family == {"gemm_w4a4": "sm90_gemm_w4a4", "quantize_act": "quantize_act"}[v.op]
+        assert v.family == {"gemm_w4a4": "sm90_wgmma_w4a4", "quantize_act": "quantize_act"}[v.op]
         json.loads((out / v.host_program.file).read_text())
     assert read_manifest(out) == m
     assert Manifest.from_json(m.to_json()) == m

@@ -69,7 +69,7 @@ def test_base_loads(tmp_path):
 def test_repo_configs_load():
     flux = load_config(ROOT / "configs" / "flux.yaml")
     assert flux.name == "flux"
-    assert flux.ranks == (0, 16, 32, 48, 64, 128)
+    assert flux.ranks == (0, 16, 32, 48, 64, 96, 128)        # 96 = FLUX's 32 + a user LoRA of 64
     assert set(flux.out_dtypes) == {"bf16", "fp16"}
     assert {(s.name, s.k, s.n) for s in flux.shapes} == {
         ("qkv", 3072, 9216), ("attn_out", 3072, 3072), ("mlp_fc1", 3072, 12288),

@@ -60,7 +60,7 @@ def test_flux_shapes(lib, kn, m, r, dt):
 
 
 # 3. the other ranks the kernel family supports, at one shape
-@pytest.mark.parametrize("r", [16, 48, 128])
+@pytest.mark.parametrize("r", [16, 48, 96, 128, 256])
 def test_other_ranks(lib, r):
     avail = {v.knobs["rank"] for v in lib.variants if v.op == "gemm_w4a4"}
     if r not in avail:

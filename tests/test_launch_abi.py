@@ -328,7 +328,8 @@ def test_project_sm90_gemm_kernel_matches_dsl(tmp_path):
 
     fam = registry.family("gemm_w4a4", "sm_90a")
     knobs = dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, scale_layout="logical",
-                 tile_m=128, tile_n=128, tile_k=64, stages=2)
+                 tile_m=128, tile_n=128, tile_k=64, stages=4, prefetch=1,
+                 skip_pad=False, act_decode="shift")
     assert fam.invalid_reason("sm_90a", knobs) is None
     name = GEMM_W4A4.name_for("sm_90a", knobs, fam.requirements("sm_90a", knobs))
     ck = fam.compile("sm_90a", knobs, name, str(tmp_path))
@@ -355,10 +356,10 @@ def test_project_sm90_gemm_kernel_matches_dsl(tmp_path):
         dsl = O.dsl_oracle_launch(ck.compiled, args, sizes)
         amask, pmask = O.defined_mask(prog, args, sizes)
         assert not O.compare_records(vm, dsl, amask, pmask)
-        # the documented launch: one 128x128 tile per CTA, 128 threads, the planned SMEM
+        # the documented launch: a persistent grid of min(tiles, sm_count) CTAs, 256 threads, the planned SMEM
         assert vm.kernel == sym
-        assert vm.grid == (-(-m // 128), n // 128, 1)
-        assert vm.block == (128, 1, 1)
+        assert vm.grid == (min(-(-m // 128) * (n // 128), sm_count), 1, 1)
+        assert vm.block == (256, 1, 1)
         assert vm.smem == ck.smem_bytes == fam.smem_bytes_for(knobs)
         assert vm.stream == args[-1]
         assert vm.cluster is None
@@ -369,6 +370,7 @@ def test_project_sm90_gemm_kernel_matches_dsl(tmp_path):
     dev = lambda a, d: 232448 if a == 97 else 0  # noqa: E731
     kat = lambda k, a, d: 0  # noqa: E731
     assert prog.load_plan(dev, kat, 0) == O.dsl_oracle_load_plan(ck.compiled, dev, kat, 0)
-    # sm_count does not change the launch (this family is one tile per CTA)
+    # sm_count caps the grid and nothing else: 3 x 2 tiles -> 6 CTAs on a big GPU, 1 on a one-SM one
     base = [_ptr(rng) for _ in range(nptr)] + [300, 256, 128]
-    assert prog.launch(base + [1, 0], sizes) == prog.launch(base + [132, 0], sizes)
+    big, one = prog.launch(base + [132, 0], sizes), prog.launch(base + [1, 0], sizes)
+    assert big.grid == (6, 1, 1) and one.grid == (1, 1, 1) and big.params == one.params

@@ -115,10 +115,11 @@ def _sm90() -> Kernel:
             sys.modules["svdq_kernels"] = mod
             spec.loader.exec_module(mod)
         with tempfile.TemporaryDirectory(prefix="svdq-recipe-") as d:
-            if os.path.exists(os.path.join(root, "sm90_gemm_w4a4.py")):  # the family API
-                K = importlib.import_module("svdq_kernels.sm90_gemm_w4a4")
+            if os.path.exists(os.path.join(root, "sm90_wgmma_w4a4.py")):  # the family API
+                K = importlib.import_module("svdq_kernels.sm90_wgmma_w4a4")
                 knobs = dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, scale_layout="logical",
-                             tile_m=128, tile_n=128, tile_k=64, stages=2)
+                             tile_m=128, tile_n=128, tile_k=64, stages=4, prefetch=1,
+                 skip_pad=False, act_decode="shift")
                 cv = K.compile("sm_90a", knobs, "svdq_test_recipe", d)
             else:
                 K = importlib.import_module("svdq_kernels.sm90_w4a4")
@@ -192,7 +193,7 @@ def test_recipe_is_bit_exact_with_the_dsl_and_the_interpreter(name):
     assert n >= 15  # the rest fell outside the sampled domain box or a guard
 
 
-def test_sm90_recipe_is_pointers_and_ceil_divisions():
+def test_sm90_recipe_is_pointers_ceil_divisions_and_a_min():
     k = _sm90()
     recipe, why = _derive(k)
     assert recipe is not None, why
@@ -202,7 +203,10 @@ def test_sm90_recipe_is_pointers_and_ceil_divisions():
     x[im], x[in_], x[ik] = 1000, 384, 640
     if recipe.nargs > nptr + 4:
         x[nptr + 3] = 132
-    assert [eval_expr(e, x) for e in recipe.grid] == [8, 3, 1]
+    assert [eval_expr(e, x) for e in recipe.grid] == [8 * 3, 1, 1]      # persistent: min(tiles, sm_count)
+    if recipe.nargs > nptr + 4:
+        x[nptr + 3] = 10
+        assert [eval_expr(e, x) for e in recipe.grid] == [10, 1, 1]
     assert recipe.stream == recipe.nargs - 1 and recipe.nulls_ok
     assert all(p.slots[0].ptr == i for i, p in enumerate(recipe.params[:nptr]))
     dom = {s["arg"]: s for s in recipe.scalars}

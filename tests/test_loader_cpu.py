@@ -19,6 +19,7 @@ from svdq_loader.errors import CaptureError, DeviceMismatch, InvalidArgument, La
 from svdq_loader.ops import GEMM_W4A4, QUANTIZE_ACT  # noqa: E402
 from svdq_loader.ops import quantize_act as quant_op  # noqa: E402
 from svdq_loader.ops.gemm_w4a4 import PreparedWeight, plan_call, prepare_weight  # noqa: E402
+from svdq_loader.ops.layouts import WEIGHT_FORMAT_BY_ARCH  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs", "tiny.yaml")
@@ -75,13 +76,14 @@ def test_built_tiny_artifacts_are_what_the_config_asks(gemm_artifacts):
     assert [(v.op, v.arch, v.knobs["rank"]) for v in m.variants] == [("gemm_w4a4", ARCH, 0), ("gemm_w4a4", ARCH, 32)]
     for v in m.variants:
         assert v.knobs == dict(out_dtype="bf16", rank=v.knobs["rank"], wcscale=True, bias=True, scale_layout="logical",
-                               tile_m=128, tile_n=128, tile_k=64, stages=2)
-        assert v.requirements == {"n_multiple": 128, "k_multiple": 64}
+                               tile_m=128, tile_n=128, tile_k=64, stages=4, prefetch=1,
+                 skip_pad=False, act_decode="shift")
+        assert v.requirements == {"n_multiple": 128, "k_multiple": 128}
         assert v.name == GEMM_W4A4.name_for(v.arch, v.knobs, v.requirements)
         assert v.host_args == GEMM_W4A4.host_args
         assert v.kernel_symbols == (v.name + "_0",)
-        assert v.smem_bytes == 2 * (128 + 128) * (64 + 8) * 2
-        assert v.family == "sm90_gemm_w4a4"
+        assert v.smem_bytes == 4 * 128 * 64 * 2        # four fp16 activation stages of 128 x 64
+        assert v.family == "sm90_wgmma_w4a4"
 
 
 def test_loader_runs_without_the_dsl_or_torch(gemm_artifacts):
@@ -121,8 +123,8 @@ def test_loader_runs_without_the_dsl_or_torch(gemm_artifacts):
                 got = got.record() if isinstance(got, CachedLaunch) else got
                 assert got == want, (got, want)
             assert want.kernel in e.kernel_symbols
-            assert want.grid == (1, 3072 // 128, 1), want.grid
-            assert want.block == (128, 1, 1)
+            assert want.grid == (min(132, 1 * 3072 // 128), 1, 1), want.grid   # persistent: min(tiles, SMs)
+            assert want.block == (256, 1, 1)
             assert want.smem == e.smem_bytes
             assert not want.printf
             assert vv.recipe is not None, "the sm90 GEMM gets a build-time launch recipe"
@@ -264,11 +266,12 @@ def _args(m=77, n=256, k=128, r=32, dt=torch.bfloat16):
 WEIGHT_KEYS = ("wgt", "wscales", "lora_up", "wcscale", "bias")
 
 
-def _weight(a):
-    """A PreparedWeight assembled directly (prepare_weight would refuse CPU tensors last)."""
+def _weight(a, arch=ARCH):
+    """A PreparedWeight assembled directly (prepare_weight would refuse CPU tensors last), declared in
+    the weight format of `arch` (only metadata is checked here)."""
     n, kh = a["wgt"].shape
     return PreparedWeight(a["wgt"], a["wscales"], a["lora_up"], a["wcscale"].float(), a["bias"].float(),
-                          n, 2 * kh, a["lora_up"].shape[1])
+                          n, 2 * kh, a["lora_up"].shape[1], WEIGHT_FORMAT_BY_ARCH.get(arch, "logical"))
 
 
 def _call(a, arch=ARCH, **over):
@@ -279,7 +282,7 @@ def _call(a, arch=ARCH, **over):
     if any(key in over for key in WEIGHT_KEYS) or not over:
         w = prepare_weight(a["wgt"], a["wscales"], lora_up=a["lora_up"], wcscale=a["wcscale"], bias=a["bias"])
     else:
-        w = _weight(a)
+        w = _weight(a, arch)
     return plan_call(arch, a["act"], w, a["ascales"], lora_act_in=a["lora_act_in"], out=a.get("out"),
                      out_dtype=a.get("out_dtype"))
 
@@ -342,21 +345,28 @@ def test_plan_call_features_and_pointers(monkeypatch):
     from svdq_loader.ops import gemm_w4a4 as gemm_mod
     monkeypatch.setattr(gemm_mod, "check_devices", lambda named: None)
     a = _args()
-    w = prepare_weight(a["wgt"], a["wscales"], lora_up=a["lora_up"], wcscale=a["wcscale"], bias=a["bias"])
+    w = prepare_weight(a["wgt"], a["wscales"], lora_up=a["lora_up"], wcscale=a["wcscale"], bias=a["bias"], arch=ARCH)
     assert (w.n, w.k, w.rank) == (256, 128, 32)
     assert w.wcscale.dtype == torch.float32 and w.bias.dtype == torch.float32
+    # sm_90a reads the weight as pre-shuffled wgmma fragments: [N/64, K/64, 128 threads, 16 B] and 8 scale bytes
+    assert w.weight_format == "sm90_frag"
+    assert w.wgt.shape == (4, 2, 128, 16) and w.wscales.shape == (4, 2, 32, 8)
+    with pytest.raises(InvalidArgument, match=r"weight is in the 'logical' format but the sm_90a GEMM reads "
+                                              r"'sm90_frag'"):
+        plan_call(ARCH, a["act"], prepare_weight(a["wgt"], a["wscales"], lora_up=a["lora_up"]), a["ascales"],
+                  lora_act_in=a["lora_act_in"])
     call = plan_call(ARCH, a["act"], w, a["ascales"], lora_act_in=a["lora_act_in"])
     assert call.features == ("bf16", 32, True, True, "logical")
     assert len(call.features) == len(GEMM_W4A4.feature_names)
     assert (call.m, call.n, call.k) == (77, 256, 128)
     assert call.out.shape == (77, 256) and call.out.dtype == torch.bfloat16
-    assert call.pointers == dict(act=a["act"].data_ptr(), ascales=a["ascales"].data_ptr(), wgt=a["wgt"].data_ptr(),
-                                 wscales=a["wscales"].data_ptr(), lora_act_in=a["lora_act_in"].data_ptr(),
+    assert call.pointers == dict(act=a["act"].data_ptr(), ascales=a["ascales"].data_ptr(), wgt=w.wgt.data_ptr(),
+                                 wscales=w.wscales.data_ptr(), lora_act_in=a["lora_act_in"].data_ptr(),
                                  lora_up=a["lora_up"].data_ptr(), wcscale=w.wcscale.data_ptr(),
                                  bias=w.bias.data_ptr(), out=call.out.data_ptr())
     # every pointer host argument of the op is filled; disabled features pass 0
     assert set(call.pointers) == {n for n, kd in GEMM_W4A4.host_args if kd == "ptr"}
-    w0 = prepare_weight(a["wgt"], a["wscales"])
+    w0 = prepare_weight(a["wgt"], a["wscales"], arch=ARCH)
     call0 = plan_call(ARCH, a["act"], w0, a["ascales"], out_dtype=torch.float16)
     assert call0.features == ("fp16", 0, False, False, "logical")
     assert call0.out.dtype == torch.float16
@@ -716,7 +726,7 @@ def test_loading_during_capture_is_refused_then_cached(gemm_artifacts, monkeypat
     assert len(launched) == 2 and ln.recipe is not None and ln.general_launches == 0
     for grid, block, smem, stream, func, first_param in launched:
         assert func == 0x5000 and stream == 0x1234
-        assert grid == (3, 4, 1) and block == (128, 1, 1) and smem == e.smem_bytes
+        assert grid == (3 * 4, 1, 1) and block == (256, 1, 1) and smem == e.smem_bytes   # min(tiles, 132 SMs)
         assert first_param == 1 << 36           # parameter 0 is the act pointer
 
 

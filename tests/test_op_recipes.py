@@ -31,7 +31,8 @@ from svdq_loader.ops import op_spec  # noqa: E402
 
 CASES = {
     "gemm_w4a4": ("sm_90a", dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, scale_layout="logical",
-                                 tile_m=128, tile_n=128, tile_k=64, stages=2)),
+                                 tile_m=128, tile_n=128, tile_k=64, stages=4, prefetch=1,
+                 skip_pad=False, act_decode="shift")),
     "quantize_act": ("sm_90a", dict(dtype="bf16", rank=32, scale_layout="logical", warps=4, mtiles=1)),
 }
 _BUILT: dict = {}

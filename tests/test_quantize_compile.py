@@ -131,7 +131,7 @@ def test_family_contract():
     _, problems = fam.config_axes("sm_90a", {"warps": [3], "tiles": [1]})
     assert any("warps" in p for p in problems) and any("tiles" in p for p in problems)
     for arch in fam.ARCHS:
-        for r in (0, 16, 32, 48, 64, 128):
+        for r in (0, 16, 32, 48, 64, 96, 128):
             for dt in ("bf16", "fp16"):
                 # sm_120/121 have 99 KiB per block: 4 warps fit up to R = 48 there, 2 warps every R
                 assert fam.invalid_reason(arch, dict(_knobs(arch, dt, r), warps=2)) is None, (arch, dt, r)

@@ -57,7 +57,7 @@ def T(shape, dtype, device="cuda:0"):
 
 
 def _weight(fmt):
-    shape = scale_shape("blocked", N, K) if fmt else (N, K // 16)
+    shape = scale_shape("blocked", N, K) if fmt == "sm120_weight" else (N, K // 16)
     return gemm_op.PreparedWeight(T((N, K // 2), U8), T(shape, F8), T((N, R), BF), T((N,), torch.float32),
                                   T((N,), torch.float32), N, K, R, fmt)
 
@@ -77,13 +77,13 @@ def test_refused_on_the_h200_naming_its_arch(artifacts, monkeypatch):
     rec = fake_driver(monkeypatch, arch="sm_90a")
     with pytest.raises(UnsupportedProblem, match=r"no gemm_w4a4 kernel built for this device's arch sm_90a; "
                                                  r"the artifacts hold gemm_w4a4 for \['sm_120a'\]"):
-        _gemm(lib, _weight(None), ascales_shape=(M, K // 16))
+        _gemm(lib, _weight("sm90_frag"), ascales_shape=(M, K // 16))
     with pytest.raises(UnsupportedProblem, match=r"no quantize_act kernel built for this device's arch sm_90a; "
                                                  r"the artifacts hold quantize_act for \['sm_120a'\]"):
         _quant(lib, layout_shape=(M, K // 16))
     # a weight prepared for sm_120a is refused on the sm_90a device by its format, before selection
-    with pytest.raises(InvalidArgument, match=r"prepared for the sm120_weight weight format .* but the sm_90a "
-                                              r"GEMM reads the logical one"):
+    with pytest.raises(InvalidArgument, match=r"the weight is in the 'sm120_weight' format but the sm_90a GEMM "
+                                              r"reads 'sm90_frag'"):
         _gemm(lib, _weight("sm120_weight"), ascales_shape=(M, K // 16))
     from svdq_loader import library
     monkeypatch.setattr(library, "_ordinal", lambda device: 0)
@@ -98,9 +98,10 @@ def test_launches_on_an_sm120_device(artifacts, monkeypatch):
     _quant(lib)
     assert len(rec.loads) == 2 and len(rec.launches) == 2
     assert all("_sm120a_" in s for syms in rec.loads for s in syms)
-    with pytest.raises(InvalidArgument, match=r"prepared for the logical weight format .* but the sm_120a GEMM "
-                                              r"reads the sm120_weight one"):
-        _gemm(lib, _weight(None))
+    for fmt in ("logical", "sm90_frag", "blackwell_weight"):
+        with pytest.raises(InvalidArgument, match=rf"the weight is in the '{fmt}' format but the sm_120a GEMM "
+                                                  r"reads 'sm120_weight'"):
+            _gemm(lib, _weight(fmt))
     with pytest.raises(InvalidArgument, match=r"ascales has shape \(77, 16\) but the sm_120a GEMM reads the blocked"):
         _gemm(lib, _weight("sm120_weight"), ascales_shape=(M, K // 16))
     assert len(rec.launches) == 2
@@ -118,7 +119,8 @@ def test_device_without_enough_smem_is_refused(artifacts, monkeypatch):
 
 def test_weight_format_table():
     assert WEIGHT_FORMAT_BY_ARCH["sm_120a"] == WEIGHT_FORMAT_BY_ARCH["sm_121a"] == "sm120_weight"
-    assert "sm_90a" not in WEIGHT_FORMAT_BY_ARCH
+    from svdq_loader.ops.layouts import WEIGHT_FORMAT_MODULES
+    assert WEIGHT_FORMAT_MODULES["sm120_weight"] == "sm120_weight"
 
 
 @pytest.mark.parametrize("rows, groups", [(256, 16), (77, 16), (130, 24), (1, 4), (128, 6)])
@@ -126,8 +128,9 @@ def test_weight_conversion_matches_the_reference(rows, groups):
     g = torch.Generator().manual_seed(rows * 31 + groups)
     raw = torch.randint(1, 127, (rows, groups), generator=g, dtype=torch.uint8)   # positive, non-NaN E4M3 bytes
     lora_up = torch.randn(rows, 32, generator=g).to(BF)
-    got, lu = convert(rows, 16 * groups, raw.view(F8), lora_up, torch.rand(rows, generator=g) + 0.5)
-    assert lu is lora_up                     # LoRA is added after wcscale: lora_up is used as given
+    wgt = torch.randint(0, 256, (rows, 8 * groups), generator=g, dtype=U8)
+    w, got, lu = convert(rows, 16 * groups, wgt, raw.view(F8), lora_up, torch.rand(rows, generator=g) + 0.5)
+    assert lu is lora_up and w is wgt        # LoRA is added after wcscale: lora_up (and wgt) used as given
     assert got.dtype == F8 and tuple(got.shape) == scale_shape("blocked", rows, 16 * groups)
     want = to_blocked(raw.numpy())
     np.testing.assert_array_equal(got.view(U8).reshape(-1).numpy(), want)

@@ -120,11 +120,15 @@ def test_flux_dev_shapes_against_the_flux_config():
     assert sorted((k, n) for _, k, n, _ in sm90.swapped) == want
     assert {(k, n) for k, n in want} == {(3072, 18432), (3072, 9216), (3072, 3072), (3072, 12288),
                                          (12288, 3072), (15360, 3072)}
-    # Blackwell: the config builds quantize_act there but no GEMM family yet, so nothing is served
-    sm100 = quantize_model(model, lib, rank=32, filter=flux.in_blocks, arch="sm_100a", dry_run=True)
-    blocks = [r for r in sm100.skipped if r[0].startswith(flux.BLOCK_PREFIXES)]
-    assert sm100.swapped == [] and len(blocks) == len(want)
-    assert all("no gemm_w4a4 kernel built for this device's arch sm_100a" in why for *_, why in blocks)
+    # Blackwell datacenter: the tcgen05 family serves every FLUX linear too (K % 256, N % 128)
+    for arch in ("sm_100a", "sm_103a"):
+        bw = quantize_model(model, lib, rank=32, filter=flux.in_blocks, arch=arch, dry_run=True)
+        assert sorted((k, n) for _, k, n, _ in bw.swapped) == want, arch
+    # an arch the config does not build: every block linear skipped, with the reason
+    sm120 = quantize_model(model, lib, rank=32, filter=flux.in_blocks, arch="sm_120a", dry_run=True)
+    blocks = [r for r in sm120.skipped if r[0].startswith(flux.BLOCK_PREFIXES)]
+    assert sm120.swapped == [] and len(blocks) == len(want)
+    assert all("sm_120a" in why for *_, why in blocks)
     # every rank the config lists is served on sm_90a, one it does not list is not
     r128 = quantize_model(model, lib, rank=128, filter=flux.in_blocks, arch="sm_90a", dry_run=True)
     assert len(r128.swapped) == len(want) and not [r for r in r128.skipped if r[0].startswith(flux.BLOCK_PREFIXES)]

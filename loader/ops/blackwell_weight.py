@@ -61,11 +61,12 @@ def lora_up_over_wcscale(lora_up, wcscale):
     return q.contiguous()
 
 
-def convert(n: int, k: int, wscales, lora_up, wcscale):
-    """`prepare_weight`'s hook for sm_100a / sm_103a: (blocked wscales, the lora_up the kernel reads)."""
+def convert(n: int, k: int, wgt, wscales, lora_up, wcscale):
+    """`prepare_weight`'s hook for sm_100a / sm_103a: (wgt as given, blocked wscales, the lora_up the
+    kernel reads)."""
     if wscales.shape != (n, k // BLOCK_K):   # prepare_weight checked it; a guard against misuse
         fail(f"wscales has shape {tuple(wscales.shape)}, expected ({n}, {k // BLOCK_K})")
     lu = lora_up
     if lora_up is not None and wcscale is not None:
         lu = lora_up_over_wcscale(lora_up, wcscale)
-    return to_blocked_scales(wscales), lu
+    return wgt, to_blocked_scales(wscales), lu

@@ -67,7 +67,7 @@ SPEC = OpSpec(
 # ---------------------------------------------------------------------------
 
 from .checks import check_devices, check_i32_sizes, check_tensor, check_vector, fail, half_dtypes, torch_module  # noqa: E402
-from .layouts import BLOCK_K, scale_shape  # noqa: E402
+from .layouts import BLOCK_K, WEIGHT_FORMAT_MODULES, scale_shape  # noqa: E402
 
 
 def _as_f32(t):
@@ -92,7 +92,7 @@ class PreparedWeight:
     n: int
     k: int
     rank: int
-    weight_format: str | None = None   # layouts.WEIGHT_FORMAT_BY_ARCH of the arch it was prepared for
+    weight_format: str = "logical"   # "logical", or the arch's format (layouts.WEIGHT_FORMAT_BY_ARCH)
 
     def __post_init__(self):
         # what every call reuses: the weight-side pointers in host-argument order, the device
@@ -108,7 +108,8 @@ class PreparedWeight:
 
 
 def prepare_weight(wgt, wscales, *, lora_up=None, wcscale=None, bias=None, arch=None) -> PreparedWeight:
-    """Check the weight side once; for an `arch` listed in ``layouts.WEIGHT_FORMAT_BY_ARCH`` also convert it."""
+    """Check the weight side once; for an `arch` listed in ``layouts.WEIGHT_FORMAT_BY_ARCH`` also convert it
+    to the format that arch's GEMM reads."""
     torch = torch_module()
     check_tensor("wgt", wgt, dtype=torch.uint8, ndim=2)
     n, kh = wgt.shape
@@ -133,10 +134,11 @@ def prepare_weight(wgt, wscales, *, lora_up=None, wcscale=None, bias=None, arch=
         wcscale = _as_f32(wcscale)
     if bias is not None:
         bias = _as_f32(bias)
-    fmt = WEIGHT_FORMAT_BY_ARCH.get(arch)
-    if fmt is not None:
+    fmt = WEIGHT_FORMAT_BY_ARCH.get(arch, "logical")
+    if fmt != "logical":
         import importlib
-        wscales, lora_up = importlib.import_module(f"{__package__}.{fmt}").convert(n, k, wscales, lora_up, wcscale)
+        wgt, wscales, lora_up = importlib.import_module(f"{__package__}.{WEIGHT_FORMAT_MODULES[fmt]}").convert(
+            n, k, wgt, wscales, lora_up, wcscale)
     return PreparedWeight(wgt, wscales, lora_up, wcscale, bias, n, k, rank, fmt)
 
 
@@ -193,11 +195,11 @@ def plan_call(arch: str, act, weight: PreparedWeight, ascales, *, lora_act_in=No
         check_tensor("lora_act_in", lora_act_in, dtype=want, ndim=2, shape=(m, weight.rank))
     if want is None:
         want = torch.bfloat16
+    want_fmt = WEIGHT_FORMAT_BY_ARCH.get(arch, "logical")
+    if weight.weight_format != want_fmt:
+        fail(f"the weight is in the {weight.weight_format!r} format but the {arch} GEMM reads {want_fmt!r}; "
+             f"prepare it for this device (lib.prepare_weight on the device the call runs on)")
     check_devices(dict(act=act, wgt=weight.wgt, ascales=ascales, lora_act_in=lora_act_in, out=out))
-    if weight.weight_format != WEIGHT_FORMAT_BY_ARCH.get(arch):
-        fail(f"the weight was prepared for the {weight.weight_format or 'logical'} weight format ('logical' = as given) but the {arch} "
-             f"GEMM reads the {WEIGHT_FORMAT_BY_ARCH.get(arch) or 'logical'} one; prepare it with "
-             f"lib.prepare_weight(...) on this device")
     if out is None:
         out = torch.empty((m, n), dtype=want, device=act.device)
     ptrs = dict(
@@ -244,14 +246,15 @@ def fast_args(arch: str, act, weight, ascales, lora_act_in, out, out_dtype):
     one-pass check does not take, such as a tensor subclass).
     """
     T, u8, f8, halves, empty = _fast_consts or _consts()
-    if type(act) is not T or type(ascales) is not T or type(weight) is not PreparedWeight \
-            or weight.weight_format is not None:
+    if type(act) is not T or type(ascales) is not T or type(weight) is not PreparedWeight:
         return None
     if act.dtype is not u8 or ascales.dtype is not f8 or act.dim() != 2:
         return None
     m, kh = act.shape
     k, n = weight.k, weight.n
     if m < 1 or 2 * kh != k or m * n >= _I32 or m * kh >= _I32 or SCALE_LAYOUT_BY_ARCH.get(arch) != "logical":
+        return None
+    if weight.weight_format != WEIGHT_FORMAT_BY_ARCH.get(arch, "logical"):
         return None
     if ascales.shape != (m, k // BLOCK_K) or not act.is_contiguous() or not ascales.is_contiguous():
         return None

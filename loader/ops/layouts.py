@@ -22,15 +22,19 @@ SCALE_LAYOUT_BY_ARCH = {
 }
 SCALE_LAYOUTS = ("logical", "blocked")
 
-#: Weight-format converters by arch: a module under ``svdq_loader.ops`` whose ``convert(n, k, wscales,
-#: lora_up, wcscale)`` returns the (wscales, lora_up) the arch's GEMM reads; archs not listed read the
-#: logical form as given.
+#: The weight format `prepare_weight` writes for the GEMM family of an arch (absent: "logical", the
+#: ``[N, K/2]`` / ``[N, K/16]`` tensors as given).  Each format is converted by one module under
+#: ``svdq_loader.ops`` (WEIGHT_FORMAT_MODULES) whose ``convert(n, k, wgt, wscales, lora_up, wcscale)``
+#: returns the (wgt, wscales, lora_up) that arch's GEMM reads.
 WEIGHT_FORMAT_BY_ARCH = {
-    "sm_100a": "blackwell_weight",
+    "sm_90a": "sm90_frag",             # sm90_weight_format: one 16-byte load per thread fragment
+    "sm_100a": "blackwell_weight",     # blackwell_weight: blocked wscales, lora_up / wcscale
     "sm_103a": "blackwell_weight",
-    "sm_120a": "sm120_weight",
+    "sm_120a": "sm120_weight",         # sm120_weight: blocked wscales, the rest as given
     "sm_121a": "sm120_weight",
 }
+WEIGHT_FORMAT_MODULES = {"sm90_frag": "sm90_weight_format", "blackwell_weight": "blackwell_weight",
+                         "sm120_weight": "sm120_weight"}
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -12,6 +12,6 @@ from __future__ import annotations
 from .blackwell_weight import to_blocked_scales
 
 
-def convert(n: int, k: int, wscales, lora_up, wcscale):
-    """(wscales, lora_up) as the sm_120a / sm_121a GEMM reads them."""
-    return to_blocked_scales(wscales), lora_up
+def convert(n: int, k: int, wgt, wscales, lora_up, wcscale):
+    """(wgt, wscales, lora_up) as the sm_120a / sm_121a GEMM reads them: only wscales changes."""
+    return wgt, to_blocked_scales(wscales), lora_up

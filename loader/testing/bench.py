@@ -1,6 +1,6 @@
 """`svdq-aot bench`: time the loader's operators on this GPU against same-run baselines.
 
-    svdq-aot bench --artifacts artifacts --json bench.json --table bench.md --plot bench.png
+    svdq-aot bench artifacts --config configs/flux.yaml --json bench.json --table bench.md --plot bench.png
     python -m svdq_loader.testing.bench --quick              (smoke run: a few shapes, few reps)
 
 gemm_w4a4, for every (M, K, N): our kernel, cuBLAS in the 16-bit dtype
@@ -103,8 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="svdq-aot bench", description=__doc__,
         epilog="baselines (--baselines):\n" + "\n".join(f"  {k:8s} {v}" for k, v in BASELINES.items()),
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("artifacts_dir", nargs="?", metavar="ARTIFACTS",
+                    help="directory holding manifest.json and the cubins (default: --artifacts, else artifacts)")
     ap.add_argument("--artifacts", default="artifacts", metavar="DIR",
-                    help="directory holding manifest.json and the cubins (default: %(default)s)")
+                    help="the same directory as an option (default: %(default)s)")
     ap.add_argument("--config", metavar="YAML",
                     help="take the (K, N) shapes from this build config (keys shapes.NAME.{k,n}); "
                          "default: the six FLUX.1 linears")
@@ -116,8 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--quant-m", type=_int_list, metavar="LIST",
                     help="token counts M for quantize_act (default: " + ",".join(map(str, QUANT_M)) + ")")
     ap.add_argument("--rank", type=int, default=32, help="LoRA rank R, 0 for none (default: %(default)s)")
-    ap.add_argument("--dtype", type=_choice_list(("bf16", "fp16")), default=["bf16"], metavar="LIST",
-                    help="activation/output dtypes, comma-separated from bf16,fp16 (default: bf16)")
+    ap.add_argument("--dtype", type=_choice_list(("bf16", "fp16")), default=["bf16", "fp16"], metavar="LIST",
+                    help="activation/output dtypes, comma-separated from bf16,fp16 (default: both)")
     ap.add_argument("--baselines", type=_choice_list(tuple(BASELINES)), default=list(BASELINES), metavar="LIST",
                     help="comma-separated from " + ",".join(BASELINES) + ", or all / none (default: all)")
     ap.add_argument("--json", metavar="FILE", help="write every number (and the environment) as JSON here")
@@ -737,6 +739,8 @@ def environment(args, lib) -> dict:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.artifacts_dir:
+        args.artifacts = args.artifacts_dir
     try:
         shapes = load_shapes(args.config)
     except (OSError, ValueError) as exc:
