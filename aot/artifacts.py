@@ -21,7 +21,9 @@ Guarantees
   would overwrite a file the old manifest references *with different
   bytes* cause the old manifest to be removed first (so it can never point
   at a file whose hash no longer matches); identical files are left as they
-  are.
+  are.  A tuning table (``tuning.json``) measured for another manifest is
+  removed once the new manifest is in place: the loader would refuse it,
+  and its numbers describe other kernels.
 * One build at a time per directory: an advisory lock (``flock``) on
   ``<dir>/.svdq-aot.lock``, taken when the `ArtifactDir` is entered, which a
   build does *before* compiling anything.  A second build into the same
@@ -44,7 +46,8 @@ try:
 except ImportError:  # pragma: no cover - non-POSIX
     fcntl = None  # type: ignore[assignment]
 
-from svdq_loader.manifest import MANIFEST_NAME, Manifest
+from svdq_loader.manifest import MANIFEST_NAME, Manifest, body_checksum
+from svdq_loader.tuning_table import TABLE_NAME
 
 LOCK_NAME = ".svdq-aot.lock"
 #: The build record: which files of this directory a build wrote (and facts about that build).
@@ -316,9 +319,26 @@ class ArtifactDir:
         for name in sorted(extra):
             atomic_write_bytes(self.dir / name, extra[name])
 
-        # 4. Files earlier builds wrote that this one does not, only now that the new manifest is in place.
+        # 4. Files earlier builds wrote that this one does not, only now that the new manifest is in place;
+        #    and a tuning table measured for other kernels.
         self.removed = self.remove_stale(new_owned)
+        if self._drop_stale_tuning(body_checksum(manifest.body())):
+            self.removed.append(TABLE_NAME)
         self.write_record(new_owned, dict(record, complete=True))
+
+    def _drop_stale_tuning(self, checksum: str) -> bool:
+        """Remove a tuning table measured for another manifest (or unreadable). True if one was removed."""
+        path = self.dir / TABLE_NAME
+        if not path.is_file():
+            return False
+        try:
+            if json.loads(path.read_bytes()).get("manifest_checksum") == checksum:
+                return False
+        except Exception:  # noqa: BLE001 - an unreadable table is stale too
+            pass
+        os.unlink(path)
+        _fsync_dir(self.dir)
+        return True
 
     def remove_stale(self, keep: Iterable[str]) -> list[str]:
         """Remove files a previous build owned that are not in `keep` (and our leftover temp files)."""

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from svdq_loader.discovery import ENTRY_POINT_GROUP, compatible_range
 from svdq_loader.manifest import MANIFEST_NAME
+from svdq_loader.tuning_table import TABLE_NAME
 from svdq_loader.verify import open_artifacts
 
 from . import __version__
@@ -113,6 +114,8 @@ def package(artifacts: str | os.PathLike, out_dir: str | os.PathLike = "dist", *
         e = vv.entry
         files[f"{module}/artifacts/{e.cubin}"] = vv.cubin
         files[f"{module}/artifacts/{e.host_program.file}"] = (Path(artifacts) / e.host_program.file).read_bytes()
+    if arts.tuning is not None:          # the verified tuning table travels with the kernels it was measured on
+        files[f"{module}/artifacts/{TABLE_NAME}"] = (Path(artifacts) / TABLE_NAME).read_bytes()
 
     di = f"{dist}-{version}.dist-info"
     summary = (f"svdq W4A4 kernels for config {m.config.name} ({len(m.variants)} variants, "

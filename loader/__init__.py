@@ -16,13 +16,14 @@ from ._version import __version__
 __all__ = ["__version__", "load", "Library"]
 
 
-def load(path: str | None = None):
-    """Read, validate, sha256-verify and cross-check the artifacts in `path` (no CUDA call).
+def load(path: str | None = None, tuning=True):
+    """Read, validate, sha256-verify and cross-check the artifacts in `path` and their tuning table
+    (``tuning``: True uses ``<path>/tuning.json`` when present, False none, or a table's path); no CUDA call.
 
     With no path: ``$SVDQ_ARTIFACTS``, then an installed artifact package, then ``./artifacts``.
     """
     from .library import load as _load
-    return _load(path)
+    return _load(path, tuning)
 
 
 def __getattr__(name):

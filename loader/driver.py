@@ -81,6 +81,14 @@ def device_attribute(attr: int, ordinal: int) -> int:
                      f"cuDeviceGetAttribute({attr}, device {ordinal})"))
 
 
+def device_name(ordinal: int) -> str:
+    """The device's marketing name (`cuDeviceGetName`), e.g. 'NVIDIA H200'."""
+    raw = check(cu.cuDeviceGetName(256, _device(ordinal)), f"cuDeviceGetName(device {ordinal})")
+    if isinstance(raw, (bytes, bytearray)):
+        raw = bytes(raw).split(b"\0", 1)[0].decode(errors="replace")
+    return str(raw).strip()
+
+
 def compute_capability(ordinal: int) -> tuple[int, int]:
     major = device_attribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, ordinal)
     minor = device_attribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, ordinal)

@@ -13,13 +13,20 @@ cleanly:
      memory are checked against the device, then the cubin is loaded there
      (`cuLibraryLoadData`, context independent) and the DSL's own per-device
      load function is replayed (kernel attributes).
+
+Selection follows the manifest's rules, except where the artifact
+directory's tuning table (``tuning.json``, written by `svdq-aot tune` and
+verified with everything else) has an entry for the problem measured on
+this device's GPU model: then its winner is used.  On another GPU model the
+entry is ignored, with one logged notice per process.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 
-from . import cuda_versions, driver, select
+from . import cuda_versions, driver, select, tuning_table
 from .errors import CaptureError, DeviceMismatch, InvalidArgument, NoCuda
 from .launcher import Launcher
 from .ops import OPS, gemm_w4a4 as gemm_op, quantize_act as quant_op
@@ -38,10 +45,12 @@ except ImportError:  # pragma: no cover
 class Library:
     """Artifacts loaded from one directory.  Thread-safe; launches go on the caller's current stream."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, tuning=True):
         self.path = os.path.abspath(path)
-        arts = open_artifacts(self.path)
+        arts = open_artifacts(self.path, tuning)
         self.manifest = arts.manifest
+        self.tuning = arts.tuning                 # the verified tuning table, or None
+        self._gpu: dict[int, tuning_table.GpuId] = {}
         self._verified = arts.variants
         self._lock = threading.Lock()
         self._launchers: dict[tuple[str, int], Launcher] = {}
@@ -56,7 +65,8 @@ class Library:
     def variants(self):
         return [v.entry for v in self._verified.values()]
 
-    def explain(self, op: str, arch: str | None = None, features: tuple | None = None, **kw) -> select.Explanation:
+    def explain(self, op: str, arch: str | None = None, features: tuple | None = None, *, gpu=None,
+                **kw) -> select.Explanation:
         """Why selection picks what it picks for a problem: `select.Explanation` (`.chosen`, `.why`,
         `.rejected`, `.text()`, `.to_dict()`); no CUDA call.
 
@@ -65,6 +75,9 @@ class Library:
 
         `arch` defaults to the one arch the artifacts build `op` for.  Without `features`, the keywords
         ``dtype``, ``rank``, ``wcscale``, ``bias`` name them (defaults bf16, 0, True, True).
+        `gpu`: the GPU model to explain for when a tuning table is present (a name, a
+        `tuning_table.GpuId`, or ``lib.device_gpu(ordinal)``); None assumes the table's own GPU and
+        says so.  ``.source`` says whether the rules or the tuning table chose.
         When no variant fits it raises UnsupportedProblem, whose ``.explanation`` holds the same record.
         """
         arch = arch or self.default_arch(op)
@@ -72,7 +85,9 @@ class Library:
             p = select.problem_for(op, arch, **kw)
         else:
             p = select.Problem(op, arch, tuple(features), tuple(kw.items()))
-        ex = select.explain(self.variants, self.rules, p)
+        if isinstance(gpu, str):
+            gpu = tuning_table.GpuId(gpu)
+        ex = select.explain(self.variants, self.rules, p, self._hit(p, gpu, notice=False))
         if ex.chosen is None:
             err = select.UnsupportedProblem(ex.error)
             err.explanation = ex
@@ -82,6 +97,49 @@ class Library:
     def choose(self, op: str, arch: str | None = None, features: tuple | None = None, **kw):
         """The VariantEntry selection picks (raises UnsupportedProblem with every reason)."""
         return self.explain(op, arch, features, **kw).chosen
+
+    def _hit(self, p: select.Problem, gpu, notice: bool = True, ordinal: int | None = None):
+        """The tuning-table entry for `p` as a `TableHit` (None: no table or no entry). With `ordinal`, the
+        GPU is that device's; an entry measured on another model is noticed once per process."""
+        table = self.tuning
+        entry = table.lookup(p) if table is not None else None
+        if entry is None:
+            return None
+        if ordinal is not None:
+            gpu = self.device_gpu(ordinal)
+        applies = table.matches(gpu)
+        if not applies and notice:
+            tuning_table.notice_other_gpu(table, gpu)
+        return tuning_table.TableHit(entry, table, applies, gpu)
+
+    def device_gpu(self, ordinal: int) -> "tuning_table.GpuId":
+        """The GPU model of device `ordinal` as the tuning table compares it (name, SM count)."""
+        g = self._gpu.get(ordinal)
+        if g is None:
+            self._device_arch(ordinal)
+            g = self._gpu[ordinal] = tuning_table.GpuId(driver.device_name(ordinal), self._sms[ordinal])
+        return g
+
+    @contextlib.contextmanager
+    def pinned(self, name: str, p: select.Problem, device=None):
+        """For `svdq-aot tune` and tests: calls of exactly problem `p` on `device` use variant `name` (which must
+        serve it) while the block runs; the cached choice is dropped after, so selection decides again."""
+        ordinal = _ordinal(device)
+        ex = select.explain(self.variants, self.rules, p)
+        if name not in ex.candidates:
+            raise select.UnsupportedProblem(f"variant {name} does not serve {p.op} {dict(p.dims)} with features "
+                                            f"{p.features}; candidates: {ex.candidates or ex.error}")
+        key = (p.op, ordinal, tuple(p.features), tuple(p.dims))
+        before = set(self._choice)
+        self._choice[key] = self._launcher(name, ordinal, _capturing())
+        try:
+            yield
+        finally:
+            self._choice.pop(key, None)
+        missed = [k for k in set(self._choice) - before if k[0] == p.op]
+        if missed:
+            raise RuntimeError(f"calls while {name} was pinned for {p.op} {dict(p.dims)} selected "
+                               f"for other problems {missed[:2]}; they did not run the pinned variant")
 
     def default_arch(self, op: str) -> str:
         archs = sorted({v.arch for v in self.variants if v.op == op})
@@ -149,7 +207,8 @@ class Library:
     def _resolve(self, op: str, ordinal: int, features: tuple, dims: tuple, capturing: bool) -> Launcher:
         """A (problem, device) the call cache has not seen: select, load if needed, remember."""
         arch = self._device_arch(ordinal)
-        entry = select.choose(self.variants, select.Problem(op, arch, features, dims), self.rules)
+        p = select.Problem(op, arch, features, dims)
+        entry = select.choose(self.variants, p, self.rules, self._hit(p, None, ordinal=ordinal))
         ln = self._launcher(entry.name, ordinal, capturing)
         if len(self._choice) > 65536:
             self._choice.clear()
@@ -300,8 +359,10 @@ def _bind_raw_stream():
     return _raw_stream
 
 
-def load(path: str | None = None) -> Library:
-    """Read, validate and cross-check the artifacts in `path`. No CUDA call is made here.
+def load(path: str | None = None, tuning=True) -> Library:
+    """Read, validate and cross-check the artifacts in `path` (and their tuning table, if any: ``tuning``
+    True uses ``<path>/tuning.json`` when present, False ignores it, a path names another table file).
+    No CUDA call is made here.
 
     With no `path`: ``$SVDQ_ARTIFACTS``, then an installed artifact package (entry point
     ``svdq_loader.artifacts``), then ``./artifacts`` (see `svdq_loader.discovery`).
@@ -309,4 +370,4 @@ def load(path: str | None = None) -> Library:
     if path is None:
         from .discovery import find_artifacts
         path = find_artifacts().path
-    return Library(path)
+    return Library(path, tuning)

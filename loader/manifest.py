@@ -270,6 +270,8 @@ def _loads(text: str | bytes, source: str) -> Any:
 class _Ctx:
     """Error helper: every message names the file, the key path and the value."""
 
+    schema_text = f"schema_version {SCHEMA_VERSION}"     # named in unknown-key messages
+
     def __init__(self, source: str):
         self.source = source
 
@@ -289,7 +291,7 @@ class _Ctx:
         unknown = [k for k in data if k not in keys]
         if unknown:
             raise self.fail(f"{path}.{unknown[0]}", data[unknown[0]],
-                            f"unknown key (schema_version {SCHEMA_VERSION} allows {list(keys)})")
+                            f"unknown key ({self.schema_text} allows {list(keys)})")
         return data
 
     def int_(self, data: dict, key: str, path: str, minimum: int = 0) -> int:

@@ -6,12 +6,16 @@ arch; a feature knob differs; the op's shape rule fails; outranked), and
 which one is chosen under the selection rule of its (op, arch, family) and
 the M bucket the problem falls in (`select_rules`).  `choose` is the same
 walk returning the chosen entry, or raising `UnsupportedProblem` with the
-reasons.  The builder writes the rules into the manifest; the loader never
-ranks by anything else.
+reasons.  The builder writes the rules into the manifest.  The one thing
+that can override them is a tuning-table entry measured on the same GPU
+model (`tuning_table.TableHit`): its winner is chosen if it fits, and the
+explanation says so, naming the table and the GPU; an entry measured on
+another GPU model is reported and ignored.
 """
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
@@ -40,13 +44,17 @@ class Explanation:
     why: list[str] = field(default_factory=list)
     rejected: list[tuple[str, str]] = field(default_factory=list)   # (variant name, reason)
     error: str | None = None                    # the UnsupportedProblem message when nothing fits
+    candidates: list[str] = field(default_factory=list)   # names of every variant that fits (rule order)
+    source: str = "rules"                       # "rules" or "tuning_table": what made the choice
+    tuning: dict | None = None                  # the table entry consulted (file, GPU, times), if any
 
     def to_dict(self) -> dict:
         spec = op_spec(self.problem.op)
         return {"op": self.problem.op, "arch": self.problem.arch,
                 "features": dict(zip(spec.feature_names, self.problem.features)), "dims": self.problem.dim,
                 "chosen": getattr(self.chosen, "name", None), "why": list(self.why),
-                "rejected": [{"name": n, "reason": r} for n, r in self.rejected], "error": self.error}
+                "rejected": [{"name": n, "reason": r} for n, r in self.rejected], "error": self.error,
+                "source": self.source, "tuning": self.tuning}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1)
@@ -57,7 +65,10 @@ class Explanation:
         head = (f"{p.op} on {p.arch}, " + " ".join(f"{k.upper()}={v}" for k, v in p.dims) + ", "
                 + _features_text(spec, p.features))
         lines = [head]
-        if self.chosen is not None:
+        if self.chosen is not None and self.source == "tuning_table":
+            lines.append(f"chosen: {self.chosen.name} (from the tuning table {self.tuning['file']}, measured on "
+                         f"{self.tuning['measured_on']['gpu']})")
+        elif self.chosen is not None:
             lines.append(f"chosen: {self.chosen.name}")
         else:
             lines.append(f"no variant: {self.error}")
@@ -93,7 +104,9 @@ def _outranked(rules, p: Problem, v, best) -> str:
     return f"ranks equal to {best.name} under the rule for {bv.text(lo)}; the name breaks the tie"
 
 
-def explain(variants: Sequence, rules: Mapping[tuple[str, str, str], Rule], p: Problem) -> Explanation:
+def explain(variants: Sequence, rules: Mapping[tuple[str, str, str], Rule], p: Problem, hit=None) -> Explanation:
+    """Every variant of `p`'s op with why it is chosen or out; `hit` (a `tuning_table.TableHit` or None) is
+    the tuning-table entry found for `p`."""
     spec = op_spec(p.op)
     ex = Explanation(p, None)
     mine = [v for v in variants if v.op == p.op]
@@ -138,6 +151,9 @@ def explain(variants: Sequence, rules: Mapping[tuple[str, str, str], Rule], p: P
         return ex
     m = dims.get("m", 1)
     keyed = sorted(fits, key=lambda v: rank_key(rule_for(rules, p.op, p.arch, getattr(v, "family", "")), m, v))
+    ex.candidates = [v.name for v in keyed]
+    if hit is not None and _tuned(ex, keyed, hit, len(mine)):
+        return ex
     best = keyed[0]
     ex.chosen = best
     rule = rule_for(rules, p.op, p.arch, getattr(best, "family", ""))
@@ -153,9 +169,52 @@ def explain(variants: Sequence, rules: Mapping[tuple[str, str, str], Rule], p: P
     return ex
 
 
-def choose(variants: Sequence, p: Problem, rules: Mapping[tuple[str, str, str], Rule] | None = None):
-    """The variant for `p` (raises UnsupportedProblem naming every refusal)."""
-    ex = explain(variants, rules or {}, p)
+def _tuned(ex: Explanation, keyed: list, hit, n_op: int) -> bool:
+    """Apply a tuning-table entry: choose its winner (True), or note why the rules decide instead (False)."""
+    e, table = hit.entry, hit.table
+    on = table.gpu.text() if hit.gpu is None else hit.gpu.text()
+    ex.tuning = {"file": table.source, "measured_on": dict(table.measured_on), "bucket": e.bucket_text(),
+                 "ms": list(e.ms), "winner": e.winner, "rule_choice": e.rule_choice,
+                 "times_us": {n: list(t) for n, t in e.times_us.items()}, "applies": hit.applies,
+                 "gpu": on}
+    if not hit.applies:
+        ex.why.append(f"the tuning table {table.source} has an entry for this problem ({e.bucket_text()}), measured "
+                      f"on {table.measured_text()}; this device is {on}, so it is ignored and the rules decide")
+        return False
+    by_name = {v.name: v for v in keyed}
+    best = by_name.get(e.winner)
+    if best is None:  # parse_table checks the winner serves the shape; kept for tables of a subset
+        ex.why.append(f"the tuning table {table.source} picks {e.winner}, which does not fit; the rules decide")
+        return False
+    ex.chosen, ex.source = best, "tuning_table"
+    assumed = " (assumed: the device this runs on is that model)" if hit.gpu is None else ""
+    gain = table.method.get("min_gain", 0)
+    ex.why.append(f"{len(keyed)} of {n_op} {ex.problem.op} variant(s) fit the arch, the features and the shape rule")
+    what = "fastest" if e.rule_choice != e.winner else \
+        f"the rules' choice, not beaten by more than {gain:.0%} by any other"
+    ex.why.append(f"chosen by the tuning table {table.source}, measured on {table.measured_text()}{assumed}: "
+                  f"{what} for {e.bucket_text()} ({e.times_text(e.winner)})")
+    if e.rule_choice != e.winner:
+        ex.why.append(f"the rules would pick {e.rule_choice} ({e.times_text(e.rule_choice)})")
+    for v in keyed:
+        if v is best:
+            continue
+        if v.name not in e.times_us:
+            ex.rejected.append((v.name, f"not measured by the tuning table; its winner {best.name} is preferred"))
+            continue
+        r = math.exp(sum(math.log(a / b) for a, b in zip(e.times_us[v.name], e.times_us[best.name])) / len(e.ms))
+        if r < 1:
+            ex.rejected.append((v.name, f"{1 - r:.1%} faster in the tuning table ({e.times_text(v.name)}), within "
+                                        f"its {gain:.0%} margin: the rules' choice {best.name} is kept"))
+        else:
+            ex.rejected.append((v.name, f"{r - 1:.1%} slower in the tuning table ({e.times_text(v.name)}) than "
+                                        f"{best.name}"))
+    return True
+
+
+def choose(variants: Sequence, p: Problem, rules: Mapping[tuple[str, str, str], Rule] | None = None, hit=None):
+    """The variant for `p` (raises UnsupportedProblem naming every refusal); `hit`: see `explain`."""
+    ex = explain(variants, rules or {}, p, hit)
     if ex.chosen is None:
         raise UnsupportedProblem(ex.error)
     return ex.chosen

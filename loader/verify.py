@@ -14,7 +14,11 @@
    parameter's offset and size from ``.nv.info``; registers, stack frame and
    static shared memory; and, by one interpreted sample launch, the kernel,
    the dynamic shared memory and the parameter sizes the host program
-   really uses.  A stored launch recipe must reproduce that sample launch.
+   really uses.  A stored launch recipe must reproduce that sample launch;
+5. the tuning table ``tuning.json``, when the directory holds one
+   (`tuning_table.parse_table`: its schema and checksum, that it was
+   measured for this manifest, and that every variant it names exists and
+   serves the entry's problem).  A bad table is refused, like a bad manifest.
 
 Every problem is an `ArtifactError` subclass naming the file, the variant
 and both values.
@@ -29,8 +33,10 @@ from pathlib import Path
 from ._version import __version__
 from .cubin_info import CubinFormatError, cubin_info
 from .hostvm import HostProgram, HostVMError
-from .manifest import ArtifactError, Manifest, ManifestError, VariantEntry, read_artifacts, read_manifest
+from .manifest import (MANIFEST_NAME, ArtifactError, Manifest, ManifestError, VariantEntry, read_artifacts,
+                       read_manifest)
 from .ops import OPS
+from .tuning_table import TABLE_NAME, TuningTable, TuningTableError, parse_table
 
 
 class ArtifactMismatch(ArtifactError):
@@ -50,6 +56,15 @@ class Artifacts:
     directory: str
     manifest: Manifest
     variants: dict[str, VerifiedVariant]
+    tuning: TuningTable | None = None
+
+    def files(self) -> list[str]:
+        """Every file of the artifact set, as names in `directory` (what must ship): the manifest, the
+        files it lists, and the tuning table if one was verified from the directory."""
+        out = [MANIFEST_NAME] + [n for n, _, _ in self.manifest.files()]
+        if self.tuning is not None and Path(self.tuning.source) == Path(self.directory) / TABLE_NAME:
+            out.append(TABLE_NAME)
+        return out
 
 
 def _arch_sm(arch: str) -> int | None:
@@ -131,8 +146,26 @@ def _fact_problems(v: VariantEntry, cubin: bytes, program: HostProgram) -> tuple
     return out, recipe
 
 
-def open_artifacts(directory: str | os.PathLike) -> Artifacts:
-    """Read, hash and cross-check everything in `directory`; no CUDA call. Raises ArtifactError."""
+def read_tuning(manifest: Manifest, directory: str | os.PathLike, tuning=True) -> TuningTable | None:
+    """The verified tuning table: ``tuning`` True reads ``<directory>/tuning.json`` when present, False/None
+    reads none, a path reads that file (which must exist). Raises TuningTableError."""
+    if not tuning:
+        return None
+    path = Path(directory) / TABLE_NAME if tuning is True else Path(tuning)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        if tuning is True:
+            return None
+        raise TuningTableError(f"{path}: no tuning table there") from None
+    except OSError as e:
+        raise TuningTableError(f"{path}: cannot read the tuning table: {e.strerror}") from None
+    return parse_table(raw, manifest, str(path))
+
+
+def open_artifacts(directory: str | os.PathLike, tuning=True) -> Artifacts:
+    """Read, hash and cross-check everything in `directory` (and its tuning table: see `read_tuning`); no
+    CUDA call. Raises ArtifactError."""
     d = Path(directory)
     manifest = read_manifest(d)
     files = read_artifacts(manifest, d)
@@ -156,7 +189,7 @@ def open_artifacts(directory: str | os.PathLike) -> Artifacts:
         raise ArtifactMismatch(f"{head}: " + "; ".join(problems[:6])
                                + (f"; ... and {len(problems) - 6} more" if len(problems) > 6 else "")
                                + " (rebuild the artifacts; never edit them by hand)")
-    return Artifacts(str(d), manifest, out)
+    return Artifacts(str(d), manifest, out, read_tuning(manifest, d, tuning))
 
 
-__all__ = ["open_artifacts", "Artifacts", "VerifiedVariant", "ArtifactMismatch", "ManifestError"]
+__all__ = ["open_artifacts", "read_tuning", "Artifacts", "VerifiedVariant", "ArtifactMismatch", "ManifestError"]

@@ -52,14 +52,21 @@ class Recorder:
         return self.rc
 
 
-def fake_driver(monkeypatch, *, arch="sm_90a", cuda=13000, optin_smem=232448, sms=132) -> Recorder:
+def fake_driver(monkeypatch, *, arch="sm_90a", cuda=13000, optin_smem=232448, sms=132,
+                gpu="NVIDIA H200") -> Recorder:
     from svdq_loader import driver, library
     rec = Recorder()
     monkeypatch.setattr(driver, "device_arch", lambda ordinal: arch)
     monkeypatch.setattr(driver, "device_attribute", lambda attr, ordinal: optin_smem if attr == 97 else sms)
     monkeypatch.setattr(driver, "driver_version", lambda: cuda)
+    monkeypatch.setattr(driver, "device_name", lambda ordinal: gpu)
     monkeypatch.setattr(driver, "DeviceKernels", lambda *a, **k: FakeDeviceKernels(rec, *a, **k))
     monkeypatch.setattr(driver, "raw_launch_kernel_ex", lambda: rec.launch)
     monkeypatch.setattr(library, "_current_stream", lambda ordinal: 0x1234)
     monkeypatch.setattr(library, "_capturing", lambda: False)
+    # FakeCuda tensors hold no data, so no weight-format conversion can run on them: every arch reads
+    # the logical weight tensors here (the formats have their own tests on real data)
+    from svdq_loader.ops import gemm_w4a4, layouts
+    monkeypatch.setattr(layouts, "WEIGHT_FORMAT_BY_ARCH", {})
+    monkeypatch.setattr(gemm_w4a4, "WEIGHT_FORMAT_BY_ARCH", {})
     return rec

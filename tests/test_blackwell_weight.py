@@ -72,7 +72,7 @@ def test_overflowing_quotient_is_refused():
         bw.lora_up_over_wcscale(lu, wc)
 
 
-def test_prepare_weight_converts_for_blackwell_only(monkeypatch):
+def test_prepare_weight_converts_for_blackwell_per_arch(monkeypatch):
     monkeypatch.setattr(gemm_mod, "check_devices", lambda named: None)     # CPU tensors stand in
     g = torch.Generator().manual_seed(5)
     n, k, r = 256, 512, 32
@@ -80,8 +80,11 @@ def test_prepare_weight_converts_for_blackwell_only(monkeypatch):
     ws = _scales(n, k // 16, seed=9)
     lu = torch.randn(n, r, generator=g).to(torch.bfloat16)
     wc = torch.rand(n, generator=g) + 0.5
+    plain = gemm_mod.prepare_weight(wgt, ws, lora_up=lu, wcscale=wc)        # no arch: as given
+    assert plain.weight_format == "logical" and plain.wscales is ws and plain.lora_up is lu
     hop = gemm_mod.prepare_weight(wgt, ws, lora_up=lu, wcscale=wc, arch="sm_90a")
-    assert hop.weight_format is None and hop.wscales is ws and hop.lora_up is lu
+    # Hopper has its own format (fragment order); LoRA stays outside the wcscale multiply there
+    assert hop.weight_format == "sm90_frag" and hop.lora_up is lu
     for arch in ("sm_100a", "sm_103a"):
         assert WEIGHT_FORMAT_BY_ARCH[arch] == "blackwell_weight" and SCALE_LAYOUT_BY_ARCH[arch] == "blocked"
         w = gemm_mod.prepare_weight(wgt, ws, lora_up=lu, wcscale=wc, arch=arch)
@@ -105,12 +108,12 @@ def test_a_weight_prepared_for_another_format_is_refused(monkeypatch):
     act = torch.zeros(m, k // 2, dtype=torch.uint8)
     hop = gemm_mod.prepare_weight(wgt, ws, arch="sm_90a")
     blk = bw.to_blocked_scales(_scales(m, k // 16))
-    with pytest.raises(InvalidArgument, match=r"prepared for the logical weight format .* but the sm_100a GEMM reads "
-                                              r"the blackwell_weight one"):
+    with pytest.raises(InvalidArgument, match=r"the weight is in the 'sm90_frag' format but the sm_100a GEMM reads "
+                                              r"'blackwell_weight'"):
         gemm_mod.plan_call("sm_100a", act, hop, blk)
     bwt = gemm_mod.prepare_weight(wgt, ws, arch="sm_100a")
     assert gemm_mod.plan_call("sm_100a", act, bwt, blk).features[-1] == "blocked"
-    with pytest.raises(InvalidArgument, match=r"prepared for the blackwell_weight weight format .* but the sm_90a"):
+    with pytest.raises(InvalidArgument, match=r"the weight is in the 'blackwell_weight' format but the sm_90a GEMM"):
         gemm_mod.plan_call("sm_90a", act, bwt, _scales(m, k // 16))
     # the one-pass fast path never takes a Blackwell weight (plan_call does, with its checks)
     assert gemm_mod.fast_args("sm_100a", act, bwt, blk, None, None, None) is None

@@ -34,4 +34,4 @@ def test_the_build_records_the_requirement(tiny_artifacts):
     m = read_manifest(tiny_artifacts)
     assert m.schema_version == 3 and _toolkit_major() in (12, 13)
     assert m.cuda_driver == {"sm_90a": cv.required("sm_90a", _toolkit_major())}
-    assert {(r.op, r.family) for r in m.selection} == {("gemm_w4a4", "sm90_gemm_w4a4"), ("quantize_act", "quantize_act")}
+    assert {(r.op, r.family) for r in m.selection} == {("gemm_w4a4", "sm90_wgmma_w4a4"), ("quantize_act", "quantize_act")}

@@ -573,8 +573,8 @@ def test_select_on_the_built_artifacts(gemm_artifacts):
     assert lib.choose("gemm_w4a4", m=1, n=512, k=128, rank=32) == e        # arch: the one built; features by name
     ex = lib.explain("gemm_w4a4", m=1, n=512, k=128, rank=32)
     assert ex.chosen == e and [r for _, r in ex.rejected] == ["built for rank=0 (the call needs 32)"]
-    rule = lib.rules[("gemm_w4a4", ARCH, "sm90_gemm_w4a4")]            # the family's rule, from the manifest
-    assert [b.m_max for b in rule.buckets] == [64, None]
+    rule = lib.rules[("gemm_w4a4", ARCH, "sm90_wgmma_w4a4")]            # the family's rule, from the manifest
+    assert [b.m_max for b in rule.buckets] == [1023, None]
     with pytest.raises(UnsupportedProblem, match=r"N=200 is not a multiple of 128"):
         lib.choose("gemm_w4a4", ARCH, feats, m=77, n=200, k=256)
     with pytest.raises(UnsupportedProblem, match=r"rank=16"):

@@ -101,7 +101,7 @@ def test_prepare_weight_converts_by_arch_and_refuses_untileable_shapes(monkeypat
     w = gemm_op.prepare_weight(wgt, ws, arch="sm_90a")
     assert w.weight_format == "sm90_frag" and w.wgt.shape == (2, 2, 128, 16)
     assert torch.equal(w.wgt, fmt.to_frag(wgt, ws)[0])
-    assert gemm_op.prepare_weight(wgt, ws, arch="sm_100a").weight_format == "logical"
+    assert gemm_op.prepare_weight(wgt, ws, arch="sm_100a").weight_format == "blackwell_weight"   # its own format
     w96, s96 = _random_weight(96, 128, seed=4)
     with pytest.raises(InvalidArgument, match=r"sm90_frag weight format needs N % 64 == 0 .* N=96, K=128"):
         gemm_op.prepare_weight(w96, s96, arch="sm_90a")
