@@ -52,6 +52,14 @@ def artifacts(tmp_path_factory):
     return str(d / "art")
 
 
+def _driver(monkeypatch, **kw):
+    """The recording fake driver, with the real per-arch weight formats: these tests build their
+    PreparedWeights directly (nothing is converted on the data-less tensors) and check the formats."""
+    rec = fake_driver(monkeypatch, **kw)
+    monkeypatch.setattr(gemm_op, "WEIGHT_FORMAT_BY_ARCH", dict(WEIGHT_FORMAT_BY_ARCH))
+    return rec
+
+
 def T(shape, dtype, device="cuda:0"):
     return FakeCuda(shape, dtype, device)
 
@@ -74,7 +82,7 @@ def _quant(lib, layout_shape=None):
 
 def test_refused_on_the_h200_naming_its_arch(artifacts, monkeypatch):
     lib = svdq_loader.load(artifacts)
-    rec = fake_driver(monkeypatch, arch="sm_90a")
+    rec = _driver(monkeypatch, arch="sm_90a")
     with pytest.raises(UnsupportedProblem, match=r"no gemm_w4a4 kernel built for this device's arch sm_90a; "
                                                  r"the artifacts hold gemm_w4a4 for \['sm_120a'\]"):
         _gemm(lib, _weight("sm90_frag"), ascales_shape=(M, K // 16))
@@ -93,7 +101,7 @@ def test_refused_on_the_h200_naming_its_arch(artifacts, monkeypatch):
 
 def test_launches_on_an_sm120_device(artifacts, monkeypatch):
     lib = svdq_loader.load(artifacts)
-    rec = fake_driver(monkeypatch, arch="sm_120a", optin_smem=101376, sms=188)
+    rec = _driver(monkeypatch, arch="sm_120a", optin_smem=101376, sms=188)
     _gemm(lib, _weight("sm120_weight"))
     _quant(lib)
     assert len(rec.loads) == 2 and len(rec.launches) == 2
@@ -110,7 +118,7 @@ def test_launches_on_an_sm120_device(artifacts, monkeypatch):
 def test_device_without_enough_smem_is_refused(artifacts, monkeypatch):
     from svdq_loader.errors import DeviceMismatch
     lib = svdq_loader.load(artifacts)
-    rec = fake_driver(monkeypatch, arch="sm_120a", optin_smem=48 * 1024, sms=20)
+    rec = _driver(monkeypatch, arch="sm_120a", optin_smem=48 * 1024, sms=20)
     with pytest.raises(DeviceMismatch, match=r"needs 94208 bytes of shared memory per block \(93184 dynamic \+ "
                                              r"1024 static\); device 0 allows 49152"):
         _gemm(lib, _weight("sm120_weight"))
