@@ -23,6 +23,7 @@ pytest.importorskip("cutlass")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import abi_oracle as O  # noqa: E402
+import sm120_static as S  # noqa: E402
 from test_quantize_compile import _cuobjdump, _elf_sm  # noqa: E402
 
 from svdq_aot.family import check_family  # noqa: E402
@@ -35,7 +36,6 @@ from svdq_loader.launch_plan import CachedLaunch, LaunchPlanCache  # noqa: E402
 from svdq_loader.ops import GEMM_W4A4  # noqa: E402
 
 SM = {"sm_120a": 120, "sm_121a": 121}
-OMMA = re.compile(r"\bOMMA\.SF\.16864\.F32\.E2M1\.E2M1\.UE4M3\.4X\b")
 
 # (arch, tile_k, out_dtype, rank, wcscale, bias): both archs, both k depths, both dtypes, R in {0,16,48,128}
 CASES = [
@@ -103,18 +103,33 @@ def test_variant_statically(compiled, case):
         if os.environ.get("SVDQ_ALLOW_NO_SASS") == "1":
             pytest.skip("cuobjdump / nvdisasm not available (SVDQ_ALLOW_NO_SASS=1)")
         pytest.fail("cuobjdump / nvdisasm not found: install the test extra or set SVDQ_ALLOW_NO_SASS=1")
-    # per warp and k-tile: 2 m-atoms x 8 n-atoms x tile_k/64 k-blocks of the 16x8x64 block-scaled MMA
-    assert len(OMMA.findall(sass)) == 2 * 8 * (tk // 64), "block-scaled FP4 MMA count"
-    assert "OMMA" not in OMMA.sub("", sass), "an OMMA of another form"
-    # LoRA: 2 x 8 atoms per 16-wide k-block of mma.sync m16n8k16 in the output dtype
-    hmma = re.findall(r"\bHMMA\.16816\.F32(\.BF16)?\b", sass)
-    assert len(hmma) == 16 * (r // 16), f"R={r}: {len(hmma)} HMMA"
-    assert all((form == ".BF16") == (dt == "bf16") for form in hmma)
-    assert len(re.findall(r"\bHMMA\b", sass)) == len(hmma)
-    assert re.search(r"\bUTMALDG\.[23]D\b", sass), "no TMA loads"
-    assert re.search(r"\bLDSM\b", sass), "no ldmatrix"
-    assert "SYNCS.PHASECHK" in sass, "no mbarrier waits (pipeline)"
-    assert not re.search(r"\b(STL|LDL)\b", sass), "local-memory traffic in the SASS"
+    res = {s: dict(r_, static_smem=info.kernels[s].static_smem) for s, r_ in ck.resource_usage.items()}
+    assert S.variant_problems("gemm_w4a4", knobs, sass, res, ck.smem_bytes) == []
+    # the counts the checker wants, spelled out: 2 m-atoms x 8 n-atoms per 64-k block, 16 HMMA per 16 of R
+    assert len(S.OMMA.findall(sass)) == 2 * 8 * (tk // 64) and len(S.HMMA.findall(sass)) == r
+    assert all((form == ".BF16") == (dt == "bf16") for form in S.HMMA.findall(sass))
+
+
+def test_the_static_checker_can_fail(compiled):
+    name, knobs, ck, path, program, sizes = compiled[CASES[0]]
+    sass = _sass(path)
+    if sass is None:
+        pytest.skip("cuobjdump / nvdisasm not available")
+    res = {s: dict(r_, static_smem=1024) for s, r_ in ck.resource_usage.items()}
+    one_omma = S.OMMA.search(sass).group(0)
+    cases = {
+        "block-scaled OMMA": sass.replace(one_omma, "NOP", 1),
+        "HMMA": re.sub(r"\bHMMA\.16816\.F32\.BF16\b", "NOP", sass, count=1),
+        "local-memory": sass + "\n        STL [R1], R2 ;",
+        "no TMA loads": re.sub(r"\bUTMALDG\.[23]D\b", "NOP", sass),
+    }
+    for words, bad in cases.items():
+        got = S.variant_problems("gemm_w4a4", knobs, bad, res, ck.smem_bytes)
+        assert got and any(words in p for p in got), (words, got)
+    assert any("registers" in p for p in S.variant_problems(
+        "gemm_w4a4", knobs, sass, {"k": dict(registers=256, stack_frame_bytes=0)}, ck.smem_bytes))
+    assert any("per block" in p for p in S.variant_problems("gemm_w4a4", knobs, sass, res, 100353))
+    assert any("HMMA" in p for p in S.variant_problems("gemm_w4a4", dict(knobs, rank=0), sass, res, ck.smem_bytes))
 
 
 def test_lora_mma_shares_the_accumulator_layout():

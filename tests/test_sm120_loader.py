@@ -9,6 +9,9 @@ scales must come in the blocked layout.  `sm120_weight.convert` is checked again
 """
 from __future__ import annotations
 
+import os
+import sys
+
 import numpy as np
 import pytest
 
@@ -194,3 +197,16 @@ def test_selftest_pin_key_matches_an_sm120_call(monkeypatch):
                  tile_n=128, tile_k=128, stages=5)
     assert S._features("gemm_w4a4", knobs) == call.features
     assert S._dims("gemm_w4a4", dict(m=M, n=N, k=K)) == (("m", call.m), ("n", call.n), ("k", call.k))
+
+
+def test_every_built_variant_passes_the_static_checks(artifacts):
+    """The artifact set of a real build (both ops), checked variant by variant from its own files."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import sm120_static
+    from test_quantize_compile import _cuobjdump
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump / nvdisasm not available")
+    checked, problems = sm120_static.check_artifacts(artifacts, tool)
+    assert checked == 2 and problems == []
+
