@@ -19,8 +19,15 @@ Work decomposition
   covers whole rows and the LoRA partial sums are reduced inside the CTA
   (SMEM) at the end.  grid = ceil(rows / (16 * mtiles)), rows = M
   (``logical``) or M rounded up to 128 (``blocked``: the pad rows get scale
-  0).  x of the next step is prefetched into registers during the current
-  one.
+  0).
+* **x in flight.** Each lane copies its own x chunks (and its smooth pair)
+  with ``cp.async.cg`` into a per-warp ring in SMEM, ``x_stages - 1`` of the
+  warp's steps ahead (3 without LoRA, 2 with it); it reads back only what it
+  copied itself, so ``cp.async.wait_group`` is the only synchronisation.  The
+  copies keep the order x_i, L_i, x_i+1, L_i+1, ... (L = the step's
+  ``lora_down`` tile), which is what caps the depth at 2 steps with LoRA.
+  (The previous form held one step of x in registers: a single step of
+  latency cover.)
 * LoRA-down is computed transposed, ``lora_act_in^T = lora_down^T @ x̂^T``,
   with ``mma.sync m16n8k16`` (fp32 accumulators): the B operand is x̂ itself
   -- a lane's two B registers for mma block j (of 4 per step) are its own

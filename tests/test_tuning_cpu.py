@@ -34,7 +34,7 @@ shapes:
 variants:
   sm_90a:
     gemm_w4a4:
-      tiles: [[64, 128, 64], [128, 128, 64]]
+      tiles: [[128, 128, 64], [256, 128, 64]]
       stages: [auto]
     quantize_act:
       warps: [4, 8]
@@ -42,8 +42,14 @@ variants:
 H200 = dict(gpu="NVIDIA H200", sm_count=132, arch="sm_90a", cuda_driver=12080, driver="570.124.06",
             loader_version=svdq_loader.__version__, torch="2.9.0", date="2026-12-01T11:00:00Z")
 SHAPES = [("sq", 256, 256)]
-G64 = "svdq_gemm_w4a4_sm90a_outdtypebf16_rank0_wcscale1_bias1_tilem64_tilen128_tilek64_stages2_reqn128k64"
-G128 = "svdq_gemm_w4a4_sm90a_outdtypebf16_rank0_wcscale1_bias1_tilem128_tilen128_tilek64_stages2_reqn128k64"
+# the two sm_90a tiles: G64 the one the rules prefer for M <= 64, G128 the one they prefer above (the family's
+# rule is replaced by one with its bucket edge at 64 for this build: `two_artifacts`)
+G64 = ("svdq_gemm_w4a4_sm90a_outdtypebf16_rank0_wcscale1_bias1_tilem128_tilen128_tilek64_stages4_prefetch1_skippad0_"
+       "actdecodeshift_reqn128k128")
+G128 = ("svdq_gemm_w4a4_sm90a_outdtypebf16_rank0_wcscale1_bias1_tilem256_tilen128_tilek64_stages4_prefetch1_skippad0_"
+        "actdecodeshift_reqn128k128")
+EDGE64 = [{"m_max": 64, "priority": 0, "prefer": [{"knob": "tile_m", "order": "asc"}]},
+          {"m_max": None, "priority": 0, "prefer": [{"knob": "tile_m", "order": "desc"}]}]
 Q4 = "svdq_quantize_act_sm90a_dtypebf16_rank0_warps4_mtiles1_reqk64"
 Q8 = "svdq_quantize_act_sm90a_dtypebf16_rank0_warps8_mtiles1_reqk64"
 
@@ -53,9 +59,14 @@ def two_artifacts(tmp_path_factory):
     """A real build with two candidates per problem (two GEMM tiles, two quantize_act warp counts)."""
     pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed: cannot build artifacts here")
     from svdq_aot.build import build
+    from svdq_kernels import sm90_wgmma_w4a4 as fam
     base = tmp_path_factory.mktemp("two_candidates")
     (base / "two.yaml").write_text(TWO)
-    build(str(base / "two.yaml"), str(base / "artifacts"), jobs=1)
+    saved, fam.SELECTION = fam.SELECTION, EDGE64          # read when the manifest is written (in this process)
+    try:
+        build(str(base / "two.yaml"), str(base / "artifacts"), jobs=1)
+    finally:
+        fam.SELECTION = saved
     return base / "artifacts"
 
 

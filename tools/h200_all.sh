@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Every H200 check of a merged tree, in two device calls that each fit the 10-minute limit.
+# Build on the CPU first:
+#   svdq-aot build configs/flux.yaml -o artifacts -j 2
+#   svdq-aot build configs/tune.yaml -o artifacts/tune -j 2
+#   svdq-aot build configs/quant_sweep.yaml -o artifacts_sweep -j 2
+#   bash tools/fetch_wheels.sh                    # diffusers for the torch / FLUX checks -> .whl
+# then, with the device tool (carry: ["artifacts", "artifacts_sweep", ".whl"]):
+#   bash tools/h200_all.sh core      numerics of both operators, selftest, runtime + torch tests, bench, sweep
+#   bash tools/h200_all.sh extras    sanitizers / memory / fresh process / host cost, tune, the FLUX example
+# Each step has its own time budget; logs, JSON and tables land in $OUT, one verdict line per step in
+# $OUT/summary.txt.
+set -uo pipefail
+OUT=${OUT:-/tmp/svdq-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 SVDQ_REQUIRE_GPU=1 SVDQ_ARTIFACTS=artifacts
+START=$(date +%s)
+step() {  # step NAME BUDGET_S LOG CMD...
+    local name=$1 budget=$2 log=$3; shift 3
+    local t0; t0=$(date +%s)
+    timeout -k 5 "$budget" "$@" >"$OUT/$log" 2>&1
+    local rc=$?
+    local verdict="exit $rc"; { [ $rc -eq 124 ] || [ $rc -eq 137 ]; } && verdict="TIMED OUT after ${budget}s"
+    echo "$name: $verdict in $(( $(date +%s) - t0 ))s -> $log" | tee -a "$OUT/summary.txt"
+    grep -E "passed|failed|^(FAILED|ERROR)" "$OUT/$log" | tail -6 | sed 's/^/    /'
+}
+: >"$OUT/summary.txt"
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { tail -20 "$OUT/install.log"; exit 1; }
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        >"$OUT/wheels.log" 2>&1 && export PYTHONPATH=/tmp/site
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$OUT/summary.txt"
+
+for stage in "${@:-core}"; do
+case $stage in
+core)
+    step "quantize_act numerics (bit-exact)" 110 gpu_quantize.log \
+        python3 -m pytest -q -p no:cacheprovider --maxfail=10 tests/test_gpu_quantize.py
+    step "gemm_w4a4 numerics (float64)" 150 gpu_gemm.log \
+        python3 -m pytest -q -p no:cacheprovider --maxfail=10 tests/test_gpu_gemm.py
+    step "selftest" 40 selftest.log python3 -m svdq_loader.testing.selftest artifacts --require-gpu
+    tail -25 "$OUT/selftest.log"
+    step "runtime tests" 70 gpu_runtime.log python3 -m pytest -q -p no:cacheprovider -rs tests/test_gpu_runtime.py
+    step "torch module tests" 70 gpu_torch.log python3 -m pytest -q -p no:cacheprovider -rs tests/test_gpu_torch.py
+    step "bench" 110 bench.log python3 -m svdq_loader.testing.bench artifacts --dtype bf16 --m 16,256,1024,4608 \
+        --quick --json "$OUT/bench.json" --table "$OUT/bench.md" --plot "$OUT/bench.png"
+    grep -E "^\|" "$OUT/bench.log" | head -60
+    step "quantize_act sweep" 40 sweep.log python3 tools/quant_sweep.py artifacts_sweep --k 3072,15360
+    cat "$OUT/sweep.log"
+    ;;
+extras)
+    SVDQ_BUDGET_S=230 bash tools/h200_loader.sh >"$OUT/loader.log" 2>&1
+    echo "loader script exit $?" | tee -a "$OUT/summary.txt"; tail -14 "$OUT/loader.log"
+    step "tune tests" 80 gpu_tune.log env SVDQ_ARTIFACTS=artifacts/tune SVDQ_TUNE_REQUIRE=1 \
+        python3 -m pytest -q -p no:cacheprovider -rs tests/test_gpu_tune.py
+    step "svdq-aot tune" 30 tune.log python3 -m svdq_aot.cli tune artifacts/tune --quick --m 64,1024,4608
+    cat "$OUT/tune.log"; cp artifacts/tune/tuning.json "$OUT/tuning.json" 2>/dev/null
+    step "FLUX example (eager)" 150 flux_eager.log python3 examples/flux_w4a4.py --artifacts artifacts --compile "" \
+        --json "$OUT/flux_eager.json"
+    grep -v "^  swapped\|^  skipped" "$OUT/flux_eager.log" | tail -30
+    ;;
+*) echo "unknown stage $stage (core, extras)" ;;
+esac
+done
+echo "total $(( $(date +%s) - START ))s"
+cat "$OUT/summary.txt"
