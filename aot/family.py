@@ -95,6 +95,13 @@ def knob_problems(family_name: str, knobs: dict, *tables: dict) -> str | None:
     return "; ".join(problems) if problems else None
 
 
+def table_reason(family_name: str, archs: tuple, arch: str, knobs: dict, *tables: dict) -> str | None:
+    """`knob_problems` preceded by the arch check: the part of a validity predicate every family shares."""
+    if arch not in archs:
+        return f"arch {arch} is not built by {family_name} (builds {', '.join(archs)})"
+    return knob_problems(family_name, knobs, *tables)
+
+
 class FamilyContractError(TypeError):
     """A kernel family does not meet the contract; the message says what is wrong."""
 

@@ -1,8 +1,9 @@
 """``quantize_act``: bf16/fp16 activations -> NVFP4 codes + E4M3 block scales (+ fused LoRA-down).
 
-CuTe-DSL, build time only.  ONE source for ``sm_90a``, ``sm_100a`` and
-``sm_103a`` (warp-level ``mma.sync`` f16/bf16 and ``cvt...e4m3x2`` exist on
-all three).  The exact arithmetic is defined (and checked bit for bit) by
+CuTe-DSL, build time only.  ONE source for ``sm_90a``, ``sm_100a``,
+``sm_103a``, ``sm_120a`` and ``sm_121a`` (warp-level ``mma.sync`` f16/bf16
+and ``cvt...e4m3x2`` exist on all of them; sm_120/121 have less SMEM per
+block, which the validity predicate reads per arch).  The exact arithmetic is defined (and checked bit for bit) by
 ``svdq_loader.testing.quantize_ref``; this kernel implements it as follows.
 
 Work decomposition
@@ -90,12 +91,12 @@ __all__ = [
 ]
 
 OP = "quantize_act"
-ARCHS = ("sm_90a", "sm_100a", "sm_103a")
+ARCHS = ("sm_90a", "sm_100a", "sm_103a", "sm_120a", "sm_121a")
 NAME = "quantize_act"
 
 #: This family's tuning knobs: warps per CTA (they split K) and 16-row m-tiles per warp.
 TUNING: dict[str, tuple] = dict(
-    warps=(4, 8),
+    warps=(2, 4, 8),
     mtiles=(1, 2),
 )
 DEFAULT_TUNING = dict(warps=4, mtiles=1)
@@ -109,10 +110,13 @@ FEATURE_VALUES: dict[str, tuple] = dict(
     rank=(0, 16, 32, 48, 64, 96, 128),
     scale_layout=("logical", "blocked"),
 )
-_LAYOUT_BY_ARCH = {"sm_90a": "logical", "sm_100a": "blocked", "sm_103a": "blocked"}
+_LAYOUT_BY_ARCH = {"sm_90a": "logical", "sm_100a": "blocked", "sm_103a": "blocked",
+                   "sm_120a": "blocked", "sm_121a": "blocked"}
 
 STEP_K = 64                       # k per warp step (= the K multiple required)
 SMEM_LIMIT_BYTES = 227 * 1024     # dynamic SMEM per CTA on sm_90 / sm_100 (opt-in limit)
+#: sm_120 / sm_121 (GeForce / workstation Blackwell): 99 KiB per block (the DSL's arch table) - 1 KiB static
+_SMEM_LIMIT_BY_ARCH = {"sm_120a": 99 * 1024 - 1024, "sm_121a": 99 * 1024 - 1024}
 _RS_BYTES = STEP_K * 4            # per-warp buffer of the step's 64 reciprocals of smooth
 _SM_STAGE_BYTES = STEP_K * 2      # one step of smooth (32 lanes x one 16-bit pair)
 _DT = {"bf16": BFloat16, "fp16": Float16}
@@ -193,10 +197,11 @@ def _problem(cfg: _Cfg, arch: str) -> Optional[str]:
     if cfg.rank % 16:
         return f"rank {cfg.rank} is not a multiple of 16 (mma k/n tiling)"
     smem = _smem_bytes(cfg)
-    if smem > SMEM_LIMIT_BYTES:
+    limit = _SMEM_LIMIT_BY_ARCH.get(arch, SMEM_LIMIT_BYTES)
+    if smem > limit:
         ring = f"{_x_stages(cfg)} x stages of {_x_stage_bytes(cfg)} B, " if _uses_ring(cfg) else ""
         return (f"needs {smem} B of dynamic SMEM ({cfg.warps} warps x {_warp_smem(cfg)} B: {ring}rank {cfg.rank} "
-                f"lora_down tiles of {_lora_tiles_bytes(cfg)} B), more than the {SMEM_LIMIT_BYTES} B a CTA may use")
+                f"lora_down tiles of {_lora_tiles_bytes(cfg)} B), more than the {limit} B a CTA may use on {arch}")
     regs = _est_registers(cfg)
     if regs > 255:
         return (f"needs about {regs} registers per thread (mtiles {cfg.mtiles} x rank {cfg.rank} fp32 "

@@ -2,7 +2,7 @@
 
 ``FAMILIES`` maps ``(op, arch)`` to the module that builds it; one module
 may serve several archs (``quantize_act`` is one source for sm_90a,
-sm_100a and sm_103a).  `family(op, arch)` imports the module (which imports
+sm_100a, sm_103a, sm_120a and sm_121a).  `family(op, arch)` imports the module (which imports
 the CuTe DSL) and checks it against the family contract
 (`svdq_aot.family.check_family`); this module itself imports neither.
 """
@@ -18,6 +18,10 @@ FAMILIES: dict[tuple[str, str], str] = {
     ("quantize_act", "sm_103a"): "svdq_kernels.quantize_act",
     ("gemm_w4a4", "sm_100a"): "svdq_kernels.sm100_gemm_w4a4",
     ("gemm_w4a4", "sm_103a"): "svdq_kernels.sm100_gemm_w4a4",
+    ("gemm_w4a4", "sm_120a"): "svdq_kernels.sm120_gemm_w4a4",
+    ("gemm_w4a4", "sm_121a"): "svdq_kernels.sm120_gemm_w4a4",
+    ("quantize_act", "sm_120a"): "svdq_kernels.quantize_act",
+    ("quantize_act", "sm_121a"): "svdq_kernels.quantize_act",
 }
 
 

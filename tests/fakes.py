@@ -2,8 +2,9 @@
 
 `install_fake(monkeypatch)` replaces the registry seen by `svdq_aot.variants`
 and `svdq_aot.config` with one holding a fake ``gemm_w4a4`` family and a
-fake ``quantize_act`` family for sm_90a (and quantize_act for sm_100a), and a fake
-``gemm_w4a4`` family for sm_100a/sm_103a.
+fake ``quantize_act`` family for sm_90a (and quantize_act for sm_100a), a fake ``gemm_w4a4``
+family for sm_100a/sm_103a, and both ops for sm_120a / sm_121a (the GEMM there in the blocked
+scale layout).
 """
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ def make_gemm_family(**overrides) -> types.SimpleNamespace:
 def make_quant_family(**overrides) -> types.SimpleNamespace:
     fam = types.SimpleNamespace(__name__="fake.quant")
     fam.OP = "quantize_act"
-    fam.ARCHS = ("sm_90a", "sm_100a", "sm_103a")
+    fam.ARCHS = ("sm_90a", "sm_100a", "sm_103a", "sm_120a", "sm_121a")
     fam.NAME = "fake_quant"
     fam.TUNING = dict(rows=(4, 8))
 
@@ -128,8 +129,12 @@ def make_fake_registry(gemm=None, quant=None) -> types.SimpleNamespace:
     gemm = gemm or make_gemm_family()
     quant = quant or make_quant_family()
     bw = make_blackwell_gemm_family()
+    gemm12 = make_gemm_family(__name__="fake.gemm12", ARCHS=("sm_120a", "sm_121a"), NAME="fake_gemm12")
+    gemm12.FEATURES = dict(gemm12.FEATURES, scale_layout=("blocked",))
     fams = {("gemm_w4a4", "sm_90a"): gemm, ("quantize_act", "sm_90a"): quant, ("quantize_act", "sm_100a"): quant,
-            ("quantize_act", "sm_103a"): quant, ("gemm_w4a4", "sm_100a"): bw, ("gemm_w4a4", "sm_103a"): bw}
+            ("quantize_act", "sm_103a"): quant, ("gemm_w4a4", "sm_100a"): bw, ("gemm_w4a4", "sm_103a"): bw,
+            ("gemm_w4a4", "sm_120a"): gemm12, ("gemm_w4a4", "sm_121a"): gemm12,
+            ("quantize_act", "sm_120a"): quant, ("quantize_act", "sm_121a"): quant}
 
     def family(op, arch):
         fam = fams[(op, arch)]

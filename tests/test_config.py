@@ -75,10 +75,12 @@ def test_repo_configs_load():
         ("qkv", 3072, 9216), ("attn_out", 3072, 3072), ("mlp_fc1", 3072, 12288),
         ("mlp_fc2", 12288, 3072), ("single_fused", 3072, 21504), ("single_out", 15360, 3072)}
     assert set(flux.wcscale) == set(flux.bias) == {True, False}
-    assert flux.archs == ("sm_90a", "sm_100a", "sm_103a")
+    assert flux.archs == ("sm_90a", "sm_100a", "sm_103a", "sm_120a", "sm_121a")
     assert [op for op, _ in flux.sections("sm_90a")] == ["gemm_w4a4", "quantize_act"]
     assert [op for op, _ in flux.sections("sm_100a")] == ["gemm_w4a4", "quantize_act"]
     assert [op for op, _ in flux.sections("sm_103a")] == ["gemm_w4a4", "quantize_act"]
+    for arch in ("sm_120a", "sm_121a"):
+        assert [op for op, _ in flux.sections(arch)] == ["gemm_w4a4", "quantize_act"]
     tiny = load_config(ROOT / "configs" / "tiny.yaml")
     assert len(tiny.out_dtypes) == 1 and tiny.ranks == (0, 32)
 
@@ -106,7 +108,6 @@ def test_repo_configs_load():
     (lambda d: d.update(shapes=[1]), "shapes", "[1]", "mapping"),
     # archs
     (lambda d: d.update(archs=["sm_80"]), "archs[0]", "'sm_80'", "unknown arch"),
-    (lambda d: d.update(archs=["sm_120a"]), "archs[0]", "'sm_120a'", "sm_120a has no kernel family yet"),
     (lambda d: d["variants"].update(sm_100a={"quantize_act": {}}), "variants.sm_100a", None,
      "not listed in archs"),
     # ranks

@@ -103,13 +103,17 @@ def test_current_stream_and_graph_capture(lib):
 
 
 def test_wrong_arch_is_refused_before_loading(lib):
-    """Blackwell variants in the same artifact set are never loaded on this sm_90a device: selection
-    picks the sm_90a ones, and loading one directly is refused naming both archs, with no CUDA fault."""
+    """Blackwell variants (datacenter and GeForce/workstation) in the same artifact set are never loaded
+    on this sm_90a device: selection picks the sm_90a ones, and loading one directly is refused naming
+    both archs, with no CUDA fault."""
     from svdq_loader.errors import DeviceMismatch, UnsupportedProblem
-    blackwell = [v for v in lib.variants if v.arch in ("sm_100a", "sm_103a")]
+    blackwell = [v for v in lib.variants if v.arch in ("sm_100a", "sm_103a", "sm_120a", "sm_121a")]
     if not blackwell:
         pytest.skip("these artifacts hold no Blackwell variants")
-    for v in blackwell[:4]:
+    per_arch = {}
+    for v in blackwell:                       # up to two variants of each op on every Blackwell arch
+        per_arch.setdefault((v.arch, v.op), []).append(v)
+    for v in [v for vs in per_arch.values() for v in vs[:2]]:
         with pytest.raises(DeviceMismatch, match=rf"{v.name} is built for {v.arch} but device 0 is sm_90a"):
             lib._launcher(v.name, 0, False)
     x = torch.randn(16, 3072, dtype=torch.bfloat16, device="cuda")

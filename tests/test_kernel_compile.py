@@ -53,10 +53,11 @@ def compile_knobs(knobs, dump_dir, **kw):
 
 def test_registry_maps_gemm_on_sm90a_to_this_family():
     assert registry.FAMILIES[("gemm_w4a4", "sm_90a")] == "svdq_kernels.sm90_wgmma_w4a4"
-    # the GEMM of sm_90a is this family; Blackwell datacenter archs have their own
+    # the GEMM of sm_90a is this family; the Blackwell archs (datacenter, GeForce/workstation) have their own
     assert {a: m for (op, a), m in registry.FAMILIES.items() if op == "gemm_w4a4"} == {
         "sm_90a": "svdq_kernels.sm90_wgmma_w4a4", "sm_100a": "svdq_kernels.sm100_gemm_w4a4",
-        "sm_103a": "svdq_kernels.sm100_gemm_w4a4"}
+        "sm_103a": "svdq_kernels.sm100_gemm_w4a4", "sm_120a": "svdq_kernels.sm120_gemm_w4a4",
+        "sm_121a": "svdq_kernels.sm120_gemm_w4a4"}
     assert sm90.__name__ == "svdq_kernels.sm90_wgmma_w4a4"
     assert "gemm_w4a4" in registry.ops_for("sm_90a")
     assert "sm_90a" in registry.archs()
@@ -72,7 +73,7 @@ def test_family_meets_the_contract():
     assert tuple(sm90.FEATURE_VALUES) == GEMM_W4A4.feature_names
 
 
-@pytest.mark.parametrize("op, arch", [("gemm_w4a4", "sm_120a"), ("no_such_op", "sm_90a")])
+@pytest.mark.parametrize("op, arch", [("gemm_w4a4", "sm_89"), ("no_such_op", "sm_90a")])
 def test_registry_unknown_family_is_a_clear_keyerror(op, arch):
     with pytest.raises(registry.UnknownFamilyError) as info:
         registry.family(op, arch)

@@ -21,8 +21,9 @@ from svdq_kernels import quantize_act as fam  # noqa: E402
 from svdq_loader.cubin_info import cubin_info  # noqa: E402
 from svdq_loader.ops import QUANTIZE_ACT, variant_name  # noqa: E402
 
-LAYOUT = {"sm_90a": "logical", "sm_100a": "blocked", "sm_103a": "blocked"}
-SM = {"sm_90a": 90, "sm_100a": 100, "sm_103a": 103}
+LAYOUT = {"sm_90a": "logical", "sm_100a": "blocked", "sm_103a": "blocked", "sm_120a": "blocked",
+          "sm_121a": "blocked"}
+SM = {"sm_90a": 90, "sm_100a": 100, "sm_103a": 103, "sm_120a": 120, "sm_121a": 121}
 
 # (arch, dtype, rank): both dtypes, R in {0, 32}, every arch (and so both scale layouts); rank 96 and 128
 # (the largest register budgets: 96 takes the SMEM ring for x, 128 the register form)
@@ -35,6 +36,8 @@ CASES = [
     ("sm_100a", "bf16", 0),
     ("sm_100a", "fp16", 32),
     ("sm_103a", "bf16", 32),
+    ("sm_120a", "fp16", 32),
+    ("sm_121a", "bf16", 0),
 ]
 
 
@@ -126,7 +129,7 @@ def test_variant(compiled, case):
 
 def test_family_contract():
     check_family(fam, where="svdq_kernels.quantize_act")
-    assert fam.OP == "quantize_act" and set(fam.ARCHS) == {"sm_90a", "sm_100a", "sm_103a"}
+    assert fam.OP == "quantize_act" and set(fam.ARCHS) == {"sm_90a", "sm_100a", "sm_103a", "sm_120a", "sm_121a"}
     assert not set(fam.TUNING) & set(QUANTIZE_ACT.feature_names)
     assert fam.requirements("sm_90a", _knobs("sm_90a", "bf16", 32)) == {"k_multiple": 64}
     tunings, problems = fam.config_axes("sm_90a", {})
@@ -138,7 +141,10 @@ def test_family_contract():
     for arch in fam.ARCHS:
         for r in (0, 16, 32, 48, 64, 96, 128):
             for dt in ("bf16", "fp16"):
-                assert fam.invalid_reason(arch, _knobs(arch, dt, r)) is None, (arch, dt, r)
+                # sm_120/121 have 99 KiB per block: 4 warps fit up to R = 48 there, 2 warps every R
+                assert fam.invalid_reason(arch, dict(_knobs(arch, dt, r), warps=2)) is None, (arch, dt, r)
+                assert (fam.invalid_reason(arch, _knobs(arch, dt, r)) is None) == (
+                    r <= 48 or not arch.startswith("sm_12")), (arch, dt, r)
     assert not QUANTIZE_ACT.check_feature_values(_knobs("sm_100a", "bf16", 32), "sm_100a")
 
 
@@ -150,6 +156,8 @@ def test_family_contract():
     ("sm_90a", dict(dtype="fp32"), "dtype"),
     ("sm_90a", dict(warps=16), "warps"),
     ("sm_90a", dict(rank=128, warps=8), "SMEM"),
+    ("sm_120a", dict(rank=128, warps=4, scale_layout="blocked"), "100352 B"),
+    ("sm_121a", dict(rank=48, warps=8, scale_layout="blocked"), "100352 B"),
     ("sm_90a", dict(extra=1), "unknown"),
 ])
 def test_invalid_knobs_rejected_with_reason(arch, knobs, words):

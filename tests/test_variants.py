@@ -201,10 +201,14 @@ def test_real_registry_flux_enumerates():
         assert isinstance(r, str) and r
     ops = {(x.op, x.arch) for x in valid}
     assert {("gemm_w4a4", "sm_90a"), ("quantize_act", "sm_90a"), ("quantize_act", "sm_100a"),
-            ("quantize_act", "sm_103a"), ("gemm_w4a4", "sm_100a"), ("gemm_w4a4", "sm_103a")} <= ops
+            ("quantize_act", "sm_103a"), ("gemm_w4a4", "sm_100a"), ("gemm_w4a4", "sm_103a"),
+            ("gemm_w4a4", "sm_120a"), ("gemm_w4a4", "sm_121a"), ("quantize_act", "sm_120a"),
+            ("quantize_act", "sm_121a")} <= ops
     # out_dtypes x ranks (0, 16, 32, 48, 64, 96, 128) x wcscale x bias: two tiles on sm_90a, one on
-    # each Blackwell arch
-    assert sum(x.op == "gemm_w4a4" for x in valid) == 2 * 7 * 2 * 2 * (2 + 1 + 1)
-    bw = [x for x in valid if x.op == "gemm_w4a4" and x.arch != "sm_90a"]
+    # each Blackwell arch (sm_100a, sm_103a, sm_120a, sm_121a)
+    assert sum(x.op == "gemm_w4a4" for x in valid) == 2 * 7 * 2 * 2 * (2 + 1 + 1 + 1 + 1)
+    bw = [x for x in valid if x.op == "gemm_w4a4" and x.arch in ("sm_100a", "sm_103a")]
     assert all(dict(x.knobs)["cta_group"] == 2 and dict(x.knobs)["ab_stages"] >= 4 for x in bw)
+    g12 = [x for x in valid if x.op == "gemm_w4a4" and x.arch in ("sm_120a", "sm_121a")]
+    assert len(g12) == 2 * 2 * 7 * 2 * 2 and all(dict(x.knobs)["stages"] == 5 for x in g12)
     check_coverage(cfg, valid, rejected)

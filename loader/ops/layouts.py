@@ -30,8 +30,11 @@ WEIGHT_FORMAT_BY_ARCH = {
     "sm_90a": "sm90_frag",             # sm90_weight_format: one 16-byte load per thread fragment
     "sm_100a": "blackwell_weight",     # blackwell_weight: blocked wscales, lora_up / wcscale
     "sm_103a": "blackwell_weight",
+    "sm_120a": "sm120_weight",         # sm120_weight: blocked wscales, the rest as given
+    "sm_121a": "sm120_weight",
 }
-WEIGHT_FORMAT_MODULES = {"sm90_frag": "sm90_weight_format", "blackwell_weight": "blackwell_weight"}
+WEIGHT_FORMAT_MODULES = {"sm90_frag": "sm90_weight_format", "blackwell_weight": "blackwell_weight",
+                         "sm120_weight": "sm120_weight"}
 
 
 def ceil_div(a: int, b: int) -> int:
