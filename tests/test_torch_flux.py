@@ -120,15 +120,16 @@ def test_flux_dev_shapes_against_the_flux_config():
     assert sorted((k, n) for _, k, n, _ in sm90.swapped) == want
     assert {(k, n) for k, n in want} == {(3072, 18432), (3072, 9216), (3072, 3072), (3072, 12288),
                                          (12288, 3072), (15360, 3072)}
-    # Blackwell datacenter: the tcgen05 family serves every FLUX linear too (K % 256, N % 128)
-    for arch in ("sm_100a", "sm_103a"):
+    # Blackwell: the tcgen05 family (sm_100a/103a) and the warp-level family (sm_120a/121a) serve every
+    # FLUX linear too
+    for arch in ("sm_100a", "sm_103a", "sm_120a", "sm_121a"):
         bw = quantize_model(model, lib, rank=32, filter=flux.in_blocks, arch=arch, dry_run=True)
         assert sorted((k, n) for _, k, n, _ in bw.swapped) == want, arch
     # an arch the config does not build: every block linear skipped, with the reason
-    sm120 = quantize_model(model, lib, rank=32, filter=flux.in_blocks, arch="sm_120a", dry_run=True)
-    blocks = [r for r in sm120.skipped if r[0].startswith(flux.BLOCK_PREFIXES)]
-    assert sm120.swapped == [] and len(blocks) == len(want)
-    assert all("sm_120a" in why for *_, why in blocks)
+    sm89 = quantize_model(model, lib, rank=32, filter=flux.in_blocks, arch="sm_89", dry_run=True)
+    blocks = [r for r in sm89.skipped if r[0].startswith(flux.BLOCK_PREFIXES)]
+    assert sm89.swapped == [] and len(blocks) == len(want)
+    assert all("sm_89" in why for *_, why in blocks)
     # every rank the config lists is served on sm_90a, one it does not list is not
     r128 = quantize_model(model, lib, rank=128, filter=flux.in_blocks, arch="sm_90a", dry_run=True)
     assert len(r128.swapped) == len(want) and not [r for r in r128.skipped if r[0].startswith(flux.BLOCK_PREFIXES)]
