@@ -190,7 +190,8 @@ def test_a_failing_launch_names_variant_and_driver_error_and_the_context_survive
     x = _x(128, 50)
     want = eager(lib, x, layer)
     torch.cuda.synchronize()
-    name = lib.choose("gemm_w4a4", m=128, n=N, k=K, rank=R, dtype="bf16").name
+    arch = lib._device_arch(torch.cuda.current_device())       # the artifacts hold several archs
+    name = lib.choose("gemm_w4a4", arch, m=128, n=N, k=K, rank=R, dtype="bf16").name
     ln = lib._launchers[(name, torch.cuda.current_device())]
     real = ln._fn
 

@@ -38,25 +38,25 @@ core)
     step "quantize_act numerics (bit-exact)" 110 gpu_quantize.log \
         python3 -m pytest -q -p no:cacheprovider --maxfail=10 tests/test_gpu_quantize.py
     step "gemm_w4a4 numerics (float64)" 150 gpu_gemm.log \
-        python3 -m pytest -q -p no:cacheprovider --maxfail=10 tests/test_gpu_gemm.py
+        python3 -m pytest -q -p no:cacheprovider --maxfail=10 tests/test_gpu_gemm.py ${GEMM_K:+-k "$GEMM_K"}
     step "selftest" 40 selftest.log python3 -m svdq_loader.testing.selftest artifacts --require-gpu
     tail -25 "$OUT/selftest.log"
     step "runtime tests" 70 gpu_runtime.log python3 -m pytest -q -p no:cacheprovider -rs tests/test_gpu_runtime.py
     step "torch module tests" 70 gpu_torch.log python3 -m pytest -q -p no:cacheprovider -rs tests/test_gpu_torch.py
     step "bench" 110 bench.log python3 -m svdq_loader.testing.bench artifacts --dtype bf16 --m 16,256,1024,4608 \
-        --quick --json "$OUT/bench.json" --table "$OUT/bench.md" --plot "$OUT/bench.png"
+        --quick ${BENCH_OP:+--op "$BENCH_OP"} --json "$OUT/bench.json" --table "$OUT/bench.md" --plot "$OUT/bench.png"
     grep -E "^\|" "$OUT/bench.log" | head -60
     step "quantize_act sweep" 40 sweep.log python3 tools/quant_sweep.py artifacts_sweep --k 3072,15360
     cat "$OUT/sweep.log"
     ;;
 extras)
-    SVDQ_BUDGET_S=230 bash tools/h200_loader.sh >"$OUT/loader.log" 2>&1
+    SVDQ_BUDGET_S=${LOADER_BUDGET_S:-230} bash tools/h200_loader.sh >"$OUT/loader.log" 2>&1
     echo "loader script exit $?" | tee -a "$OUT/summary.txt"; tail -14 "$OUT/loader.log"
-    step "tune tests" 80 gpu_tune.log env SVDQ_ARTIFACTS=artifacts/tune SVDQ_TUNE_REQUIRE=1 \
+    step "tune tests" 70 gpu_tune.log env SVDQ_ARTIFACTS=artifacts/tune SVDQ_TUNE_REQUIRE=1 \
         python3 -m pytest -q -p no:cacheprovider -rs tests/test_gpu_tune.py
     step "svdq-aot tune" 30 tune.log python3 -m svdq_aot.cli tune artifacts/tune --quick --m 64,1024,4608
     cat "$OUT/tune.log"; cp artifacts/tune/tuning.json "$OUT/tuning.json" 2>/dev/null
-    step "FLUX example (eager)" 150 flux_eager.log python3 examples/flux_w4a4.py --artifacts artifacts --compile "" \
+    step "FLUX example (eager)" 140 flux_eager.log python3 examples/flux_w4a4.py --artifacts artifacts --compile "" \
         --json "$OUT/flux_eager.json"
     grep -v "^  swapped\|^  skipped" "$OUT/flux_eager.log" | tail -30
     ;;
