@@ -186,7 +186,13 @@ def compile_one(variant: Variant) -> CompileResult:
 
 def _generator() -> Generator:
     return Generator(package="svdq-aot", package_version=__version__, dsl="nvidia-cutlass-dsl",
-                     dsl_version=dsl_version(), python=platform.python_version())
+                     dsl_version=dsl_version(), python=platform.python_version(), device_facts=DEVICE_FACTS)
+
+
+#: The manifest's record that nothing of the build machine is in the kernels (generator.device_facts).
+DEVICE_FACTS = ("none baked in: built without a GPU (cross-compiled per arch); the SM count is the host "
+                "argument sm_count, passed by the loader at every launch; SMEM opt-in limits are set on the "
+                "target device at load")
 
 
 def _entry(r: CompileResult) -> VariantEntry:

@@ -15,7 +15,7 @@ Layout of ``manifest.json`` (schema_version 3; 2 is still read, without
 
     {"schema_version": 3,
      "checksum": sha256 of the canonical JSON of everything else,
-     "generator": {"package", "package_version", "dsl", "dsl_version", "python"},
+     "generator": {"package", "package_version", "dsl", "dsl_version", "python", "device_facts" (optional)},
      "config": {"name", "sha256", "file"},
      "shapes": [{"name", "k", "n"}],
      "variants": [{"name", "op", "arch", "family", "knobs": {knob: bool|int|str, ...},
@@ -81,6 +81,10 @@ class Generator:
     dsl: str
     dsl_version: str
     python: str
+    #: What of a device the kernels depend on, and where it comes from: every build records that no GPU was
+    #: queried (the SM count, SMEM limits and clocks are read on the target at load/launch).  Optional in
+    #: schema 3 (absent in artifacts written before it existed).
+    device_facts: str = ""
 
 
 @dataclass(frozen=True)
@@ -184,7 +188,7 @@ class Manifest:
         """Everything but the checksum (what the checksum covers)."""
         return {
             "schema_version": self.schema_version,
-            "generator": _plain(self.generator),
+            "generator": {k: v for k, v in _plain(self.generator).items() if k != "device_facts" or v},
             "config": _plain(self.config),
             "shapes": [_plain(s) for s in self.shapes],
             "variants": [_variant_to_dict(v) for v in self.variants],
@@ -363,8 +367,10 @@ def _parse_manifest(data: Any, source: str) -> Manifest:
             f"manifest.json was edited or damaged after the build. Rebuild the artifacts (or re-copy them); "
             f"never edit manifest.json by hand")
 
-    g = c.obj(data["generator"], "generator", Generator.__dataclass_fields__)
-    gen = Generator(**{k: c.str_(g, k, "generator") for k in Generator.__dataclass_fields__})
+    gkeys = [k for k in Generator.__dataclass_fields__ if k != "device_facts" or "device_facts" in
+             (data["generator"] if isinstance(data["generator"], dict) else {})]
+    g = c.obj(data["generator"], "generator", gkeys)
+    gen = Generator(**{k: c.str_(g, k, "generator") for k in gkeys})
     _check_generator(gen, source)
 
     cf = c.obj(data["config"], "config", ("name", "sha256", "file"))

@@ -300,3 +300,15 @@ def test_loader_manifest_imports_no_dsl_torch_or_cuda():
             "print(bad); assert not bad, bad")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_build_records_that_nothing_of_the_build_machine_is_baked_in(tiny_artifacts):
+    m = read_manifest(tiny_artifacts)
+    assert "without a GPU" in m.generator.device_facts and "sm_count" in m.generator.device_facts
+    gemms = [v for v in m.variants if v.op == "gemm_w4a4"]
+    assert gemms and all(("sm_count", "i32") in [tuple(a) for a in v.host_args] for v in gemms)
+    # and an older schema-3 manifest without the field still reads (the field is optional)
+    data = json.loads((tiny_artifacts / "manifest.json").read_text())
+    del data["generator"]["device_facts"]
+    data["checksum"] = M.body_checksum({k: v for k, v in data.items() if k != "checksum"})
+    assert M.Manifest.from_json(json.dumps(data), source="old").generator.device_facts == ""
