@@ -7,6 +7,21 @@ from typing import Any
 from svdq_loader.cubin_info import cubin_info
 
 
+def placeholder_args(spec: Any, ptr_dtypes: dict[str, Any], default_ptr_dtype: Any) -> tuple:
+    """Trace-time arguments of an op's host function, in the op spec's host-argument order: a null global
+    pointer of ``ptr_dtypes.get(name, default_ptr_dtype)`` per pointer (16-byte aligned, as the loader
+    guarantees), and dynamic values for the integers and the stream (their values are not traced)."""
+    import cuda.bindings.driver as cuda
+    import cutlass.cute as cute
+    from cutlass import Int32
+    from cutlass.cute.runtime import make_ptr
+
+    make = dict(ptr=lambda a: make_ptr(ptr_dtypes.get(a, default_ptr_dtype), 0, cute.AddressSpace.gmem,
+                                       assumed_align=16),
+                i32=lambda a: Int32(1), stream=lambda a: cuda.CUstream(0))
+    return tuple(make[kind](a) for a, kind in spec.host_args)
+
+
 def read_cubin(compiled: Any, dump_dir: str, arch: str) -> bytes:
     """The ELF cubin of `compiled` (from the DSL's artifacts, else the file it dumped for `arch`)."""
     art = compiled.artifacts.CUBIN

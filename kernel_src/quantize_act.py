@@ -80,9 +80,8 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float16, Float32, Int32, Int64, Uint8
 from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm
-from cutlass.cute.runtime import make_ptr
 
-from .compiled_output import compile_named, cubin_resource_usage
+from .compiled_output import compile_named, cubin_resource_usage, placeholder_args
 
 __all__ = [
     "OP", "ARCHS", "NAME", "TUNING", "FEATURE_VALUES", "STEP_K", "SELECTION",
@@ -844,13 +843,8 @@ def compile(arch: str, knobs: dict, name: str, dump_dir: str, *, keep_ptx: bool 
         raise ValueError(f"cannot compile {name}: {reason}")
     cfg = _cfg_of(knobs)
     op = _QuantizeAct(cfg)
-    xt = _DT[cfg.dtype]
-
-    def gptr(dtype):
-        return make_ptr(dtype, 0, cute.AddressSpace.gmem, assumed_align=16)
-
-    args = (gptr(xt), gptr(xt), gptr(xt), gptr(Uint8), gptr(Uint8), gptr(xt),
-            Int32(64), Int32(64), Int32(0), cuda.CUstream(0))
+    from svdq_loader.ops import QUANTIZE_ACT
+    args = placeholder_args(QUANTIZE_ACT, dict(act=Uint8, ascales=Uint8), _DT[cfg.dtype])
     compiled, cubin, symbols = compile_named(_QuantizeAct, op, args, name, arch, dump_dir, keep_ptx=keep_ptx)
     ck = CompiledKernel(cubin=cubin, compiled=compiled, entry=compiled.function_name, kernel_symbols=symbols,
                         smem_bytes=op.smem_bytes, resource_usage=cubin_resource_usage(cubin))

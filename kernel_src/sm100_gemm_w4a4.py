@@ -48,12 +48,11 @@ import cutlass.utils.blackwell_helpers as sm100_utils
 import cutlass.utils.blockscaled_layout as blockscaled_utils
 from cutlass import BFloat16, Float16, Float32, Int32
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
-from cutlass.cute.runtime import make_ptr
 from cutlass.tensor_utils import LayoutEnum
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from . import sm100_plan as plan
-from .compiled_output import compile_named, cubin_resource_usage
+from .compiled_output import compile_named, cubin_resource_usage, placeholder_args
 
 __all__ = [
     "OP", "ARCHS", "NAME", "TUNING", "FEATURE_VALUES",
@@ -795,19 +794,9 @@ def compile(arch: str, knobs: dict, name: str, dump_dir: str, *, keep_ptx: bool 
         raise ValueError(f"cannot compile {name}: {reason}")
     cfg = _cfg_of(knobs)
     gemm = _Sm100W4A4(cfg)
-    out_t = _OUT_DTYPES[cfg.out_dtype]
-
-    def gptr(dtype):
-        return make_ptr(dtype, 0, cute.AddressSpace.gmem, assumed_align=16)
-
-    args = (
-        gptr(_AB), gptr(_SF), gptr(_AB), gptr(_SF),  # act, ascales, wgt, wscales
-        gptr(out_t), gptr(out_t),  # lora_act_in, lora_up
-        gptr(Float32), gptr(Float32),  # wcscale, bias
-        gptr(out_t),  # out
-        Int32(1), Int32(1), Int32(1), Int32(1),  # m, n, k, sm_count (dynamic)
-        cuda.CUstream(0),
-    )
+    from svdq_loader.ops import GEMM_W4A4
+    args = placeholder_args(GEMM_W4A4, dict(act=_AB, ascales=_SF, wgt=_AB, wscales=_SF, wcscale=Float32,
+                                            bias=Float32), _OUT_DTYPES[cfg.out_dtype])
     compiled, cubin, symbols = compile_named(_Sm100W4A4, gemm, args, name, arch, dump_dir, keep_ptx=keep_ptx)
     smem = gemm.shared_storage.size_in_bytes()
     return CompiledKernel(

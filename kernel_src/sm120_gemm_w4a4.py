@@ -61,12 +61,11 @@ import cutlass.pipeline as pipeline
 import cutlass.utils.blackwell_helpers as sm120_utils
 import cutlass.utils.blockscaled_layout as blockscaled_utils
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import BFloat16, Float16, Float32, Int32
+from cutlass import BFloat16, Float16, Float32
 from cutlass.cute.nvgpu import cpasync
-from cutlass.cute.runtime import make_ptr
 from cutlass.tensor_utils import LayoutEnum
 
-from .compiled_output import compile_named, cubin_resource_usage
+from .compiled_output import compile_named, cubin_resource_usage, placeholder_args
 
 __all__ = [
     "OP", "ARCHS", "NAME", "TUNING", "FEATURE_VALUES", "SELECTION",
@@ -607,12 +606,9 @@ def compile(arch: str, knobs: dict, name: str, dump_dir: str, *, keep_ptx: bool 
         raise ValueError(f"cannot compile {name}: {reason}")
     cfg = _cfg_of(knobs)
     gemm = _Sm120W4A4(arch, cfg)
-    out_t = _OUT_DTYPES[cfg.out_dtype]
     from svdq_loader.ops import GEMM_W4A4
-    ptr_types = dict(act=_AB, ascales=_SF, wgt=_AB, wscales=_SF, wcscale=Float32, bias=Float32)
-    placeholders = dict(ptr=lambda a: make_ptr(ptr_types.get(a, out_t), 0, cute.AddressSpace.gmem, assumed_align=16),
-                        i32=lambda a: Int32(1), stream=lambda a: cuda.CUstream(0))
-    args = tuple(placeholders[kind](a) for a, kind in GEMM_W4A4.host_args)   # m, n, k, sm_count stay dynamic
+    args = placeholder_args(GEMM_W4A4, dict(act=_AB, ascales=_SF, wgt=_AB, wscales=_SF, wcscale=Float32,
+                                            bias=Float32), _OUT_DTYPES[cfg.out_dtype])
     compiled, cubin, symbols = compile_named(_Sm120W4A4, gemm, args, name, arch, dump_dir, keep_ptx=keep_ptx)
     return CompiledKernel(
         cubin=cubin, compiled=compiled, entry=compiled.function_name, kernel_symbols=symbols,

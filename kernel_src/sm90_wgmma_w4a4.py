@@ -46,7 +46,6 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float16, Float32, Int32, Uint8, Uint16
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
-from cutlass.cute.runtime import make_ptr
 from cutlass.cutlass_dsl import dsl_user_op
 
 try:
@@ -54,7 +53,7 @@ try:
 except ImportError:  # older DSL
     from cutlass.utils import LayoutEnum
 
-from .compiled_output import compile_named, cubin_resource_usage
+from .compiled_output import compile_named, cubin_resource_usage, placeholder_args
 
 __all__ = [
     "OP", "ARCHS", "NAME", "TUNING", "FEATURE_VALUES",
@@ -608,14 +607,9 @@ def compile(arch: str, knobs: dict, name: str, dump_dir: str, *, keep_ptx: bool 
         raise ValueError(f"cannot compile {name}: {reason}")
     cfg = _cfg_of(knobs)
     gemm = _Sm90Wgmma(cfg)
-    out_t = _OUT_DTYPES[cfg.out_dtype]
-
-    def gptr(dtype):
-        return make_ptr(dtype, 0, cute.AddressSpace.gmem, assumed_align=16)
-
-    args = (gptr(Uint8), gptr(Uint8), gptr(Uint8), gptr(Uint8), gptr(out_t), gptr(out_t),
-            gptr(Float32), gptr(Float32), gptr(out_t),
-            Int32(1), Int32(1), Int32(1), Int32(1), cuda.CUstream(0))
+    from svdq_loader.ops import GEMM_W4A4
+    args = placeholder_args(GEMM_W4A4, dict(act=Uint8, ascales=Uint8, wgt=Uint8, wscales=Uint8, wcscale=Float32,
+                                            bias=Float32), _OUT_DTYPES[cfg.out_dtype])
     compiled, cubin, symbols = compile_named(_Sm90Wgmma, gemm, args, name, arch, dump_dir, keep_ptx=True)
     usage = cubin_resource_usage(cubin)
     problem = static_problem(_read_ptx(dump_dir, compiled.function_name, arch, keep_ptx), usage)
