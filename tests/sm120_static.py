@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
+
+from kernel_checks import dump_sass
 
 OMMA = re.compile(r"\bOMMA\.SF\.16864\.F32\.E2M1\.E2M1\.UE4M3\.4X\b")
 HMMA = re.compile(r"\bHMMA\.16816\.F32(\.BF16)?\b")
@@ -59,11 +60,6 @@ def variant_problems(op: str, knobs: dict, sass: str, resources: dict, smem_byte
     return bad
 
 
-def dump_sass(tool: str, cubin_path: str) -> str | None:
-    res = subprocess.run([tool, "--dump-sass", cubin_path], capture_output=True, text=True)
-    return res.stdout if res.returncode == 0 and "Function" in res.stdout else None
-
-
 def check_artifacts(folder: str, tool: str) -> tuple[int, list[str]]:
     """(variants checked, problems) over every sm_120a / sm_121a variant of the artifact set in `folder`."""
     with open(os.path.join(folder, "manifest.json")) as f:
@@ -72,7 +68,7 @@ def check_artifacts(folder: str, tool: str) -> tuple[int, list[str]]:
     for v in manifest["variants"]:
         if v["arch"] not in ARCHS:
             continue
-        sass = dump_sass(tool, os.path.join(folder, v["cubin"]))
+        sass = dump_sass(os.path.join(folder, v["cubin"]), tool)
         if sass is None:
             problems.append(f"{v['name']}: no SASS from {tool}")
             continue

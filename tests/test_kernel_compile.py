@@ -21,7 +21,7 @@ cutlass = pytest.importorskip(
 )
 
 from svdq_kernels import registry  # noqa: E402
-from test_quantize_compile import _sass  # noqa: E402  (the SASS dump helper the kernel tests share)
+from kernel_checks import dump_sass  # noqa: E402
 
 ARCH = "sm_90a"
 sm90 = registry.family("gemm_w4a4", ARCH)
@@ -227,7 +227,7 @@ def test_compile_produces_a_clean_sm90a_cubin(knobs, tmp_path):
                          % (k["tile_m"], lt, lt), ptx)
     path = tmp_path / "k.cubin"
     path.write_bytes(ck.cubin)
-    sass = _sass(str(path))
+    sass = dump_sass(str(path))
     if sass is None:
         if os.environ.get("SVDQ_ALLOW_NO_SASS") == "1":
             pytest.skip("cuobjdump / nvdisasm not available: SASS checks skipped (SVDQ_ALLOW_NO_SASS=1)")

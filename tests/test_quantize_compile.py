@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import subprocess
 
 import pytest
 
 pytest.importorskip("cutlass")
 
+from kernel_checks import dump_sass, elf_sm  # noqa: E402
 from svdq_aot.family import check_family  # noqa: E402
 from svdq_kernels import quantize_act as fam  # noqa: E402
 from svdq_loader.cubin_info import cubin_info  # noqa: E402
@@ -47,36 +46,6 @@ def _knobs(arch, dtype, rank, **tune):
     return k
 
 
-def _elf_sm(info):
-    """SM number from the ELF flags: ABI v7 (sm_90) keeps it in the low byte, v8 (sm_100+) in bits 8-15."""
-    return (info.e_flags >> 8) & 0xFF if info.abi_version >= 8 else info.e_flags & 0xFF
-
-
-def _cuobjdump():
-    here = shutil.which("cuobjdump")
-    if here:
-        return here
-    try:
-        import nvidia
-        base = os.path.dirname(nvidia.__path__[0])
-    except Exception:
-        return None
-    for root, _, files in os.walk(os.path.join(base, "nvidia")):
-        if "cuobjdump" in files:
-            return os.path.join(root, "cuobjdump")
-    return None
-
-
-def _sass(cubin_path):
-    tool = _cuobjdump()
-    if tool is None:
-        return None
-    r = subprocess.run([tool, "--dump-sass", cubin_path], capture_output=True, text=True)
-    if r.returncode != 0 or "Function" not in r.stdout:      # e.g. nvdisasm missing
-        return None
-    return r.stdout
-
-
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
     out = {}
@@ -96,7 +65,7 @@ def test_variant(compiled, case):
     arch, dt, r = case
     name, ck, path = compiled[case]
     info = cubin_info(ck.cubin)
-    assert _elf_sm(info) == SM[arch], f"cubin e_flags {info.e_flags:#x} is not {arch}"
+    assert elf_sm(info) == SM[arch], f"cubin e_flags {info.e_flags:#x} is not {arch}"
     assert ck.kernel_symbols and all(s.startswith(name) and "cutlass" not in s.lower() for s in ck.kernel_symbols)
     for sym, ru in ck.resource_usage.items():
         assert ru["registers"] <= 255, f"{sym}: {ru['registers']} registers"
@@ -110,7 +79,7 @@ def test_variant(compiled, case):
     assert not re.search(r"\.ftz\.f32|\.ftz\.f16|\.ftz\.bf16", ptx), "fp32/fp16 flush-to-zero in the PTX"
     assert "rcp.approx.f32" not in ptx and "div.full" not in ptx
     assert "cvt.rn.satfinite.e4m3x2.f32" in ptx and "max.NaN" in ptx
-    sass = _sass(path)
+    sass = dump_sass(path)
     if sass is None:   # the test extra installs both tools; only an explicit opt-out may skip
         if os.environ.get("SVDQ_ALLOW_NO_SASS") == "1":
             pytest.skip("cuobjdump / nvdisasm not available: SASS checks skipped (SVDQ_ALLOW_NO_SASS=1)")

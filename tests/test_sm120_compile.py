@@ -10,11 +10,9 @@ following the launch-time SM count.  Nothing here runs on a GPU; no such GPU was
 """
 from __future__ import annotations
 
-import json
 import os
 import random
 import re
-import subprocess
 import sys
 
 import pytest
@@ -24,14 +22,12 @@ pytest.importorskip("cutlass")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import abi_oracle as O  # noqa: E402
 import sm120_static as S  # noqa: E402
-from test_quantize_compile import _cuobjdump, _elf_sm  # noqa: E402
+from kernel_checks import compile_gemm_cases, dump_sass, elf_sm  # noqa: E402
 
 from svdq_aot.family import check_family  # noqa: E402
-from svdq_aot.host_ir import serialize_host  # noqa: E402
 from svdq_kernels import registry  # noqa: E402
 from svdq_kernels import sm120_gemm_w4a4 as fam  # noqa: E402
-from svdq_loader.cubin_info import cubin_info, param_sizes  # noqa: E402
-from svdq_loader.hostvm import HostProgram  # noqa: E402
+from svdq_loader.cubin_info import cubin_info  # noqa: E402
 from svdq_loader.launch_plan import CachedLaunch, LaunchPlanCache  # noqa: E402
 from svdq_loader.ops import GEMM_W4A4  # noqa: E402
 
@@ -59,27 +55,7 @@ def _knobs(arch, tk, dt, r, wc, b, stages="auto"):
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
-    out = {}
-    for c in CASES:
-        arch = c[0]
-        knobs = _knobs(*c)
-        req = fam.requirements(arch, knobs)
-        name = GEMM_W4A4.name_for(arch, knobs, req)
-        d = tmp_path_factory.mktemp(_id(c))
-        ck = fam.compile(arch, knobs, name, str(d))
-        path = d / "k.cubin"
-        path.write_bytes(ck.cubin)
-        host = json.loads(json.dumps(serialize_host(ck.compiled)))
-        out[c] = (name, knobs, ck, str(path), HostProgram.from_dict(host), param_sizes(ck.cubin))
-    return out
-
-
-def _sass(path):
-    tool = _cuobjdump()
-    if tool is None:
-        return None
-    r = subprocess.run([tool, "--dump-sass", path], capture_output=True, text=True)
-    return r.stdout if r.returncode == 0 and "Function" in r.stdout else None
+    return compile_gemm_cases(fam, CASES, _knobs, _id, tmp_path_factory)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
@@ -87,7 +63,7 @@ def test_variant_statically(compiled, case):
     arch, tk, dt, r = case[:4]
     name, knobs, ck, path, program, sizes = compiled[case]
     info = cubin_info(ck.cubin)
-    assert _elf_sm(info) == SM[arch], f"cubin e_flags {info.e_flags:#x} is not {arch}"
+    assert elf_sm(info) == SM[arch], f"cubin e_flags {info.e_flags:#x} is not {arch}"
     assert ck.kernel_symbols == [f"{name}_0"] and "cutlass" not in name
     (sym,) = ck.kernel_symbols
     ru = ck.resource_usage[sym]
@@ -98,7 +74,7 @@ def test_variant_statically(compiled, case):
     assert ck.smem_bytes == fam.budget(arch, knobs)["total_bytes"]
     assert ck.smem_bytes + static <= 101376, "more than sm_120's 99 KiB per block"
     assert knobs["stages"] == {128: 5, 256: 2}[tk], knobs       # the deepest ring that fits 99 KiB
-    sass = _sass(path)
+    sass = dump_sass(path)
     if sass is None:
         if os.environ.get("SVDQ_ALLOW_NO_SASS") == "1":
             pytest.skip("cuobjdump / nvdisasm not available (SVDQ_ALLOW_NO_SASS=1)")
@@ -112,7 +88,7 @@ def test_variant_statically(compiled, case):
 
 def test_the_static_checker_can_fail(compiled):
     name, knobs, ck, path, program, sizes = compiled[CASES[0]]
-    sass = _sass(path)
+    sass = dump_sass(path)
     if sass is None:
         pytest.skip("cuobjdump / nvdisasm not available")
     res = {s: dict(r_, static_smem=1024) for s, r_ in ck.resource_usage.items()}

@@ -203,8 +203,8 @@ def test_every_built_variant_passes_the_static_checks(artifacts):
     """The artifact set of a real build (both ops), checked variant by variant from its own files."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import sm120_static
-    from test_quantize_compile import _cuobjdump
-    tool = _cuobjdump()
+    from kernel_checks import cuobjdump
+    tool = cuobjdump()
     if tool is None:
         pytest.skip("cuobjdump / nvdisasm not available")
     checked, problems = sm120_static.check_artifacts(artifacts, tool)

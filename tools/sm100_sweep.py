@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
-from test_quantize_compile import _cuobjdump  # noqa: E402
+from kernel_checks import cuobjdump, dump_sass  # noqa: E402
 
 from svdq_kernels import sm100_gemm_w4a4 as fam  # noqa: E402
 from svdq_kernels import sm100_plan as plan  # noqa: E402
@@ -28,7 +27,7 @@ RANKS = (0, 16, 32, 48, 64, 96, 128, 256)
 
 
 def main() -> int:
-    tool = _cuobjdump()
+    tool = cuobjdump()
     if tool is None:
         print("cuobjdump / nvdisasm not found")
         return 1
@@ -50,7 +49,7 @@ def main() -> int:
                         path = os.path.join(d, "k.cubin")
                         with open(path, "wb") as f:
                             f.write(ck.cubin)
-                        sass = subprocess.run([tool, "--dump-sass", path], capture_output=True, text=True).stdout
+                        sass = dump_sass(path, tool) or ""
                     ru = next(iter(ck.resource_usage.values()))
                     good = (ru["stack_frame_bytes"] == 0 and ru["registers"] <= 255
                             and not re.search(r"\b(STL|LDL)\b", sass)

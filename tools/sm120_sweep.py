@@ -17,12 +17,12 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
 import sm120_static  # noqa: E402
-from test_quantize_compile import _cuobjdump  # noqa: E402
+from kernel_checks import cuobjdump  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
     folder = argv[0] if argv else "artifacts"
-    tool = _cuobjdump()
+    tool = cuobjdump()
     if tool is None:
         print("cuobjdump / nvdisasm not found: install the test extra")
         return 1
