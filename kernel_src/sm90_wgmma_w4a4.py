@@ -77,10 +77,11 @@ TUNING: dict[str, tuple] = dict(
     # 2 = two register sets, loaded two k-tiles ahead (more latency cover, 11-16 more registers)
     prefetch=(1, 2),
     # True: activation rows >= m are neither decoded nor stored (they only feed accumulator columns that
-    # are never written); False: decoded with a zero scale, the measured form
+    # are never written; the default: 5-10 % faster at M <= 64, the same from M = 256 on, H200);
+    # False: decoded with a zero scale
     skip_pad=(False, True),
-    # activation E2M1 decode: "shift" = shifts and masks per pair (measured); "prmt" = two byte forms per
-    # 32-bit word, then one byte permute + one mask per pair
+    # activation E2M1 decode: "prmt" = two byte forms per 32-bit word, then one byte permute + one mask per
+    # pair (the default: 10-20 % faster at every measured shape, H200); "shift" = shifts and masks per pair
     act_decode=("shift", "prmt"),
 )
 FEATURE_VALUES: dict[str, tuple] = dict(
@@ -91,13 +92,13 @@ FEATURE_VALUES: dict[str, tuple] = dict(
     scale_layout=("logical",),
 )
 
-#: Selection rule (svdq_loader.select_rules): below M = 1024 the 128-row tile (fewer padded rows, more
-#: CTAs), from 1024 on the 256-row tile (measured on the H200: docs/PERF.md); then the forms that ran
-#: on the H200 (prefetch 1, skip_pad off, act_decode shift) ahead of the compiled-only ones.
+#: Selection rule (svdq_loader.select_rules): up to M = 256 the 128-row tile (fewer padded rows, more
+#: CTAs), above it the 256-row tile; then the faster forms (act_decode prmt, skip_pad on; the H200 sweep
+#: of tools/sm90_sweep.py in docs/PERF.md measured both at M = 16 ... 4608).
 _FORMS = [{"knob": "stages", "order": "desc"}, {"knob": "prefetch", "order": "asc"},
-          {"knob": "skip_pad", "values": [False, True]}, {"knob": "act_decode", "values": ["shift", "prmt"]}]
+          {"knob": "act_decode", "values": ["prmt", "shift"]}, {"knob": "skip_pad", "values": [True, False]}]
 SELECTION = [
-    {"m_max": 1023, "priority": 0, "prefer": [{"knob": "tile_m", "order": "asc"}] + _FORMS},
+    {"m_max": 256, "priority": 0, "prefer": [{"knob": "tile_m", "order": "asc"}] + _FORMS},
     {"m_max": None, "priority": 0, "prefer": [{"knob": "tile_m", "order": "desc"}] + _FORMS},
 ]
 
@@ -402,10 +403,14 @@ class _Sm90Wgmma:
             for t in cutlass.range_constexpr(P):      # num_kt >= 2: k-tiles 0 and 1 exist
                 self._load_act(mActW, mAscH, rows_ld, kcs, kw, t, raw[t], rsc[t])
                 self._load_w(mWq, mWs, wblk, num_kt, tidx, t, wraw[t], wsc[t])
+            full = (m0 + tm) <= m      # no padded rows in this tile (uniform across the CTA)
             if cutlass.const_expr(self.skip_pad):
-                for i in cutlass.range_constexpr(self.chunks_a):
-                    if valid[i]:
-                        self._store_act(sA, 0, rows, kcs, None, raw[0], rsc[0], deq, only=i)
+                if full:
+                    self._store_act(sA, 0, rows, kcs, None, raw[0], rsc[0], deq)
+                else:
+                    for i in cutlass.range_constexpr(self.chunks_a):
+                        if valid[i]:
+                            self._store_act(sA, 0, rows, kcs, None, raw[0], rsc[0], deq, only=i)
             else:
                 self._store_act(sA, 0, rows, kcs, valid, raw[0], rsc[0], deq)
             self._decode_w(fragW[0], wraw[0], wsc[0])
@@ -428,10 +433,15 @@ class _Sm90Wgmma:
                     # k-tile kt+1 (raw bytes already in registers) -> stage (kt+1)%S, other fragment buffer;
                     # past the end this decodes the last k-tile again into a stage nobody reads
                     if cutlass.const_expr(self.skip_pad):
-                        # rows >= m only feed accumulator columns that are never stored: not decoded
-                        for i in cutlass.range_constexpr(self.chunks_a):
-                            if valid[i]:
-                                self._store_act(sA, (kt + 1) % S, rows, kcs, None, raw[rs], rsc[rs], deq, only=i)
+                        # rows >= m only feed accumulator columns that are never stored: not decoded.  A tile
+                        # without padded rows takes the unpredicated path (one uniform branch per k-tile)
+                        if full:
+                            self._store_act(sA, (kt + 1) % S, rows, kcs, None, raw[rs], rsc[rs], deq)
+                        else:
+                            for i in cutlass.range_constexpr(self.chunks_a):
+                                if valid[i]:
+                                    self._store_act(sA, (kt + 1) % S, rows, kcs, None, raw[rs], rsc[rs], deq,
+                                                    only=i)
                     else:
                         self._store_act(sA, (kt + 1) % S, rows, kcs, valid, raw[rs], rsc[rs], deq)
                     self._decode_w(fragW[1 - half], wraw[rs], wsc[rs])
@@ -530,7 +540,7 @@ class _Sm90Wgmma:
 def config_axes(arch: str, section: dict) -> tuple[list[dict], list[str]]:
     """``variants.sm_90a.gemm_w4a4`` -> tuning-knob dicts; keys ``tiles`` ([[tile_m, tile_n, tile_k], ...]),
     ``stages`` ([auto | 3 | 4, ...]; auto = the deepest that fits), ``prefetch`` ([1 | 2, ...]; default [1])
-    ``skip_pad`` ([false | true]; default [false]) and ``act_decode`` ([shift | prmt]; default [shift])."""
+    ``skip_pad`` ([false | true]; default [true]) and ``act_decode`` ([shift | prmt]; default [prmt])."""
     problems: list[str] = []
     for key in sorted(set(section) - {"tiles", "stages", "prefetch", "skip_pad", "act_decode"}):
         problems.append(f"{key}: unknown key (allowed: tiles, stages, prefetch, skip_pad, act_decode)")
@@ -548,8 +558,8 @@ def config_axes(arch: str, section: dict) -> tuple[list[dict], list[str]]:
         else:
             good_tiles.append(t)
     lists = {}
-    for key, default, kind in (("stages", ["auto"], "auto"), ("prefetch", [1], "int"), ("skip_pad", [False], "bool"),
-                               ("act_decode", ["shift"], "name")):
+    for key, default, kind in (("stages", ["auto"], "auto"), ("prefetch", [1], "int"), ("skip_pad", [True], "bool"),
+                               ("act_decode", ["prmt"], "name")):
         vals = section.get(key, default)
         good = []
         if not isinstance(vals, list) or not vals:

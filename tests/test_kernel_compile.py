@@ -142,10 +142,10 @@ def test_variant_name_requirements_and_resolve():
     assert v.requirements() == {"n_multiple": 128, "k_multiple": 128}
     assert sm90.resolve(ARCH, dict(k, stages="auto")) == k
     assert sm90.config_axes(ARCH, {}) == ([dict(tile_m=128, tile_n=128, tile_k=64, stages="auto", prefetch=1,
-                                                   skip_pad=False, act_decode="shift")], [])
+                                                   skip_pad=True, act_decode="prmt")], [])
     axes, problems = sm90.config_axes(ARCH, {"tiles": [[256, 128, 64], [256, 128, 64]], "clusters": [[1, 1]]})
-    assert axes == [dict(tile_m=256, tile_n=128, tile_k=64, stages="auto", prefetch=1, skip_pad=False,
-                         act_decode="shift")]
+    assert axes == [dict(tile_m=256, tile_n=128, tile_k=64, stages="auto", prefetch=1, skip_pad=True,
+                         act_decode="prmt")]
     assert any(p.startswith("clusters:") for p in problems)
     assert any(p.startswith("tiles[1]:") and "duplicate" in p for p in problems)
     axes, problems = sm90.config_axes(ARCH, {"prefetch": [1, 2, 2]})

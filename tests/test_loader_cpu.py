@@ -77,7 +77,7 @@ def test_built_tiny_artifacts_are_what_the_config_asks(gemm_artifacts):
     for v in m.variants:
         assert v.knobs == dict(out_dtype="bf16", rank=v.knobs["rank"], wcscale=True, bias=True, scale_layout="logical",
                                tile_m=128, tile_n=128, tile_k=64, stages=4, prefetch=1,
-                 skip_pad=False, act_decode="shift")
+                 skip_pad=True, act_decode="prmt")
         assert v.requirements == {"n_multiple": 128, "k_multiple": 128}
         assert v.name == GEMM_W4A4.name_for(v.arch, v.knobs, v.requirements)
         assert v.host_args == GEMM_W4A4.host_args
@@ -574,7 +574,7 @@ def test_select_on_the_built_artifacts(gemm_artifacts):
     ex = lib.explain("gemm_w4a4", m=1, n=512, k=128, rank=32)
     assert ex.chosen == e and [r for _, r in ex.rejected] == ["built for rank=0 (the call needs 32)"]
     rule = lib.rules[("gemm_w4a4", ARCH, "sm90_wgmma_w4a4")]            # the family's rule, from the manifest
-    assert [b.m_max for b in rule.buckets] == [1023, None]
+    assert [b.m_max for b in rule.buckets] == [256, None]
     with pytest.raises(UnsupportedProblem, match=r"N=200 is not a multiple of 128"):
         lib.choose("gemm_w4a4", ARCH, feats, m=77, n=200, k=256)
     with pytest.raises(UnsupportedProblem, match=r"rank=16"):

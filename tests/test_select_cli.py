@@ -20,13 +20,13 @@ def test_select_text_and_json(tiny_artifacts):
     assert lines[0] == ("gemm_w4a4 on sm_90a, M=4608 N=256 K=256, out_dtype=bf16, rank=32, wcscale=True, bias=True, "
                         "scale_layout=logical")
     assert lines[1].startswith("chosen: svdq_gemm_w4a4_sm90a_outdtypebf16_rank32_")
-    assert "M=4608 falls in the bucket M >= 1024, priority 0, prefer: tile_m larger first" in r.output
+    assert "M=4608 falls in the bucket M >= 257, priority 0, prefer: tile_m larger first" in r.output
     assert "rejected (1):" in r.output and "built for rank=0 (the call needs 32)" in r.output
     j = _run(tiny_artifacts, "--op", "gemm_w4a4", "--m", 16, "--n", 256, "--k", 256, "--rank", 32, "--json")
     assert j.exit_code == 0, j.output
     d = json.loads(j.output)
     assert d["chosen"] == lines[1].split(": ")[1] and d["dims"] == {"m": 16, "n": 256, "k": 256}
-    assert any("bucket M in [1, 1023]" in w for w in d["why"])
+    assert any("bucket M in [1, 256]" in w for w in d["why"])
     assert [x["reason"] for x in d["rejected"]] == ["built for rank=0 (the call needs 32)"]
 
 

@@ -8,6 +8,7 @@
 # then, with the device tool (carry: ["artifacts", "artifacts_sweep", ".whl"]):
 #   bash tools/h200_all.sh core      numerics of both operators, selftest, runtime + torch tests, bench, sweep
 #   bash tools/h200_all.sh extras    sanitizers / memory / fresh process / host cost, tune, the FLUX example
+#   bash tools/h200_all.sh gemm      after a GEMM-only change: its numerics, selftest, torch tests, GEMM bench
 # Each step has its own time budget; logs, JSON and tables land in $OUT, one verdict line per step in
 # $OUT/summary.txt.
 set -uo pipefail
@@ -49,6 +50,16 @@ core)
     step "quantize_act sweep" 40 sweep.log python3 tools/quant_sweep.py artifacts_sweep --k 3072,15360
     cat "$OUT/sweep.log"
     ;;
+gemm)
+    step "gemm_w4a4 numerics (float64)" 150 gpu_gemm.log \
+        python3 -m pytest -q -p no:cacheprovider --maxfail=10 tests/test_gpu_gemm.py ${GEMM_K:+-k "$GEMM_K"}
+    step "selftest" 40 selftest.log python3 -m svdq_loader.testing.selftest artifacts --require-gpu
+    tail -8 "$OUT/selftest.log"
+    step "torch module tests" 70 gpu_torch.log python3 -m pytest -q -p no:cacheprovider -rs tests/test_gpu_torch.py
+    step "bench" 110 bench.log python3 -m svdq_loader.testing.bench artifacts --dtype bf16 --m 16,256,1024,4608 \
+        --quick --op gemm_w4a4 --json "$OUT/bench.json" --table "$OUT/bench.md" --plot "$OUT/bench.png"
+    grep -E "^\|" "$OUT/bench.log" | head -40
+    ;;
 extras)
     SVDQ_BUDGET_S=${LOADER_BUDGET_S:-230} bash tools/h200_loader.sh >"$OUT/loader.log" 2>&1
     echo "loader script exit $?" | tee -a "$OUT/summary.txt"; tail -14 "$OUT/loader.log"
@@ -60,7 +71,7 @@ extras)
         --json "$OUT/flux_eager.json"
     grep -v "^  swapped\|^  skipped" "$OUT/flux_eager.log" | tail -30
     ;;
-*) echo "unknown stage $stage (core, extras)" ;;
+*) echo "unknown stage $stage (core, extras, gemm)" ;;
 esac
 done
 echo "total $(( $(date +%s) - START ))s"

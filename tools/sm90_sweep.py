@@ -1,0 +1,109 @@
+"""Time every built sm_90a gemm_w4a4 variant of an artifact set on this GPU, beside cuBLAS bf16 in the
+same run (tuning data for docs/PERF.md and the selection rules).
+
+    python3 tools/sm90_sweep.py ARTIFACTS [--m 256,1024,4608] [--kn 3072x3072,3072x12288,12288x3072]
+        [--rank 32] [--json F] [--quick]
+
+Bypasses selection: each variant's launcher is driven directly with the arguments the loader would build.
+Every variant's output is checked once per shape against the eager torch W4A4 pipeline (relative error
+below 1e-2, finite); a variant that fails the check is reported and not timed.  Inputs rotate over enough
+copies that one pass moves more than twice the L2 (weights included), as in `svdq-aot bench`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+import svdq_loader
+from svdq_loader.ops import gemm_w4a4 as gop
+from svdq_loader.testing import bench, reference as ref, torch_quant as tq
+
+_SHORT = ("tile_m", "stages", "prefetch", "skip_pad", "act_decode", "raw_stages")
+
+
+def short(knobs: dict) -> str:
+    return " ".join(f"{k}={knobs[k]}" for k in _SHORT if k in knobs)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("artifacts")
+    ap.add_argument("--m", default="256,1024,4608")
+    ap.add_argument("--kn", default="3072x3072,3072x12288,12288x3072", help="comma list of KxN")
+    ap.add_argument("--rank", type=int, default=32)
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args(argv)
+    st = bench.QUICK if a.quick else bench.Settings(reps=9, warmup=2, target_ms=2.0)
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    lib = svdq_loader.load(a.artifacts)
+    tdt = bench._dtype(a.dtype)
+    cands = [e for e in lib.variants if e.op == "gemm_w4a4" and e.arch == "sm_90a" and e.knobs["rank"] == a.rank
+             and e.knobs["out_dtype"] == a.dtype and e.knobs["wcscale"] and e.knobs["bias"]]
+    if not cands:
+        print(f"no sm_90a gemm_w4a4 variant with rank {a.rank}, {a.dtype}, wcscale and bias in {a.artifacts}")
+        return 2
+    rows = []
+    for kn in a.kn.split(","):
+        k, n = (int(x) for x in kn.lower().split("x"))
+        ms = [int(x) for x in a.m.split(",")]
+        big = ref.random_problem(max(ms), n, k, a.rank, seed=k * 31 + n, out_dtype=a.dtype, device="cuda")
+        lut = tq.e2m1_lut(tdt, "cuda")
+        for m in ms:
+            p = dict(big, act=big["act"][:m].contiguous(), ascales=big["ascales"][:m].contiguous(),
+                     lora_act_in=big["lora_act_in"][:m].contiguous() if a.rank else None)
+            per_set = m * k // 2 + m * k // 16 + n * k // 2 + n * k // 16 + 2 * a.rank * (m + n) + 8 * n + 2 * m * n
+            nsets = bench.n_sets_for(per_set, l2)
+            sets = [p] + [{kk: bench._clone(v) for kk, v in p.items()} for _ in range(nsets - 1)]
+            ws = [lib.prepare_weight(q["wgt"], q["wscales"], lora_up=q["lora_up"], wcscale=q["wcscale"],
+                                     bias=q["bias"]) for q in sets]
+            outs = [torch.empty(m, n, dtype=tdt, device="cuda") for _ in sets]
+            want = tq.w4a4_unfused(p["act"], p["ascales"], p["wgt"], p["wscales"], p["lora_act_in"], p["lora_up"],
+                                   p["wcscale"], p["bias"], tdt, lut=lut).float()
+            dense = bench._dense_case(m, k, n, tdt, st, l2)
+            stream = torch.cuda.current_stream().cuda_stream
+            argv_ = []
+            for i, q in enumerate(sets):
+                f = gop.fast_args("sm_90a", q["act"], ws[i], q["ascales"], q["lora_act_in"], outs[i], None)
+                args = f[3]
+                args[gop.SM_COUNT_INDEX] = sms
+                args[gop.STREAM_INDEX] = stream
+                argv_.append(args)
+            for e in cands:
+                if n % e.knobs["tile_n"]:
+                    continue
+                ln = lib._launcher(e.name, 0, False)
+                outs[0].fill_(float("nan"))
+                ln.launch(argv_[0])
+                torch.cuda.synchronize()
+                got = outs[0].float()
+                rel = float((got - want).norm() / want.norm())
+                ok = bool(rel < 1e-2 and torch.isfinite(got).all())
+                row = dict(variant=e.name, knobs=short(e.knobs), m=m, k=k, n=n, rel_err=rel, ok=ok,
+                           cublas_us=dense["us"])
+                if ok:
+                    def call(i, ln=ln):
+                        args = argv_[i]
+                        args[gop.STREAM_INDEX] = torch.cuda.current_stream().cuda_stream   # the capture stream
+                        ln.launch(args)
+                    t = bench.time_calls(call, nsets, st)
+                    row.update(us=t["us"], tflops=bench.tflops(m, n, k, t["us"]), x_cublas=dense["us"] / t["us"])
+                rows.append(row)
+                print(f"M={m:5d} K={k:5d} N={n:5d}  {row['knobs']:<70} "
+                      + (f"{row['us']:8.1f} us {row['tflops']:6.1f} TF/s {row['x_cublas']:.3f}x cuBLAS"
+                         if ok else f"CHECK FAILED rel {rel:.3g}"), flush=True)
+            del sets, ws, outs, want
+            bench._free()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(gpu=torch.cuda.get_device_name(0), rows=rows), f, indent=1)
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
