@@ -35,30 +35,24 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader |
 
 for stage in "${@:-core}"; do
 case $stage in
-core)
-    step "quantize_act numerics (bit-exact)" 110 gpu_quantize.log \
+core|gemm)     # gemm: the GEMM's share of core (after a GEMM-only change)
+    [ "$stage" = core ] && step "quantize_act numerics (bit-exact)" 110 gpu_quantize.log \
         python3 -m pytest -q -p no:cacheprovider --maxfail=10 tests/test_gpu_quantize.py
     step "gemm_w4a4 numerics (float64)" 150 gpu_gemm.log \
         python3 -m pytest -q -p no:cacheprovider --maxfail=10 tests/test_gpu_gemm.py ${GEMM_K:+-k "$GEMM_K"}
     step "selftest" 40 selftest.log python3 -m svdq_loader.testing.selftest artifacts --require-gpu
     tail -25 "$OUT/selftest.log"
-    step "runtime tests" 70 gpu_runtime.log python3 -m pytest -q -p no:cacheprovider -rs tests/test_gpu_runtime.py
+    [ "$stage" = core ] && step "runtime tests" 70 gpu_runtime.log \
+        python3 -m pytest -q -p no:cacheprovider -rs tests/test_gpu_runtime.py
     step "torch module tests" 70 gpu_torch.log python3 -m pytest -q -p no:cacheprovider -rs tests/test_gpu_torch.py
+    op=${BENCH_OP:-}; [ "$stage" = gemm ] && op=gemm_w4a4
     step "bench" 110 bench.log python3 -m svdq_loader.testing.bench artifacts --dtype bf16 --m 16,256,1024,4608 \
-        --quick ${BENCH_OP:+--op "$BENCH_OP"} --json "$OUT/bench.json" --table "$OUT/bench.md" --plot "$OUT/bench.png"
+        --quick ${op:+--op "$op"} --json "$OUT/bench.json" --table "$OUT/bench.md" --plot "$OUT/bench.png"
     grep -E "^\|" "$OUT/bench.log" | head -60
-    step "quantize_act sweep" 40 sweep.log python3 tools/quant_sweep.py artifacts_sweep --k 3072,15360
-    cat "$OUT/sweep.log"
-    ;;
-gemm)
-    step "gemm_w4a4 numerics (float64)" 150 gpu_gemm.log \
-        python3 -m pytest -q -p no:cacheprovider --maxfail=10 tests/test_gpu_gemm.py ${GEMM_K:+-k "$GEMM_K"}
-    step "selftest" 40 selftest.log python3 -m svdq_loader.testing.selftest artifacts --require-gpu
-    tail -8 "$OUT/selftest.log"
-    step "torch module tests" 70 gpu_torch.log python3 -m pytest -q -p no:cacheprovider -rs tests/test_gpu_torch.py
-    step "bench" 110 bench.log python3 -m svdq_loader.testing.bench artifacts --dtype bf16 --m 16,256,1024,4608 \
-        --quick --op gemm_w4a4 --json "$OUT/bench.json" --table "$OUT/bench.md" --plot "$OUT/bench.png"
-    grep -E "^\|" "$OUT/bench.log" | head -40
+    if [ "$stage" = core ]; then
+        step "quantize_act sweep" 40 sweep.log python3 tools/quant_sweep.py artifacts_sweep --k 3072,15360
+        cat "$OUT/sweep.log"
+    fi
     ;;
 extras)
     SVDQ_BUDGET_S=${LOADER_BUDGET_S:-230} bash tools/h200_loader.sh >"$OUT/loader.log" 2>&1
