@@ -15,8 +15,10 @@ The kernel computes the transposed product ``Yᵀ[n, m] = Σ_k W[n,k]·A[m,k]`` 
   while the wgmmas of k-tile t run).
 * **Activations in swizzled SMEM.** All 256 threads dequantize the ``tile_m x 64`` activation
   k-tile (logical NVFP4, the layout ``quantize_act`` writes on sm_90a) into a 128-byte-swizzled
-  K-major fp16 tile, ``stages`` (>= 3) deep, the same way (one ``mul.f16x2`` per pair); raw
-  bytes of k-tile t+2 are loaded into registers while k-tile t computes.  One barrier per
+  K-major fp16 tile, ``stages`` (>= 3) deep: by default (``act_decode: prmt``) two byte forms
+  per 32-bit word, then one byte permute and one mask per pair, then one ``mul.f16x2`` by the
+  scale; with ``skip_pad`` rows >= m are not decoded (a tile without such rows takes the
+  unpredicated path).  Raw bytes of k-tile t+2 are loaded into registers while k-tile t computes.  One barrier per
   k-tile (three stages make it sufficient: a stage is rewritten two k-tiles after it was read,
   and every warpgroup has waited for its previous wgmma group before that barrier).
 * **Scale bookkeeping.** Both operands carry a factor ``2^-7``; the epilogue multiplies the
