@@ -20,14 +20,16 @@ Work decomposition
   (SMEM) at the end.  grid = ceil(rows / (16 * mtiles)), rows = M
   (``logical``) or M rounded up to 128 (``blocked``: the pad rows get scale
   0).
-* **x in flight.** Each lane copies its own x chunks (and its smooth pair)
+* **x in flight.** Each lane loads its own x chunks (and its smooth pair) of
+  its warp's next step into registers (``ld.global.nc``, 16 bytes, allocating
+  in L1) while it works on the current one.  (Two steps ahead in registers
+  was measured on the H200 and was not faster: docs/PERF.md, session 4.)  At
+  rank 96, where that form keeps a stack frame, the lane instead copies them
   with ``cp.async.cg`` into a per-warp ring in SMEM, ``x_stages - 1`` of the
-  warp's steps ahead (3 without LoRA, 2 with it); it reads back only what it
-  copied itself, so ``cp.async.wait_group`` is the only synchronisation.  The
+  warp's steps ahead (3 without LoRA, 2 with it), reading back only what it
+  copied itself, so ``cp.async.wait_group`` is the only synchronisation; the
   copies keep the order x_i, L_i, x_i+1, L_i+1, ... (L = the step's
-  ``lora_down`` tile), which is what caps the depth at 2 steps with LoRA.
-  (The previous form held one step of x in registers: a single step of
-  latency cover.)
+  ``lora_down`` tile), which is what caps that depth at 2 steps with LoRA.
 * LoRA-down is computed transposed, ``lora_act_in^T = lora_down^T @ x̂^T``,
   with ``mma.sync m16n8k16`` (fp32 accumulators): the B operand is x̂ itself
   -- a lane's two B registers for mma block j (of 4 per step) are its own
@@ -37,8 +39,11 @@ Work decomposition
   staged per warp in SMEM with ``cp.async.ca`` (double buffered; co-resident
   CTAs hit the same tiles in L1), rows stored in the permuted order so that
   ``ldmatrix.trans`` yields the matching fragments (row pitch 2R + 16 bytes:
-  conflict free).  At the end the warps' partial sums are added in SMEM and
-  rows < M are stored in x's dtype.
+  conflict free).  The tile's copy addresses are a per-lane base plus the
+  step's offset plus constants where R / 8 is a power of two (``_srow`` is a
+  bit permutation), so a step spends no index arithmetic on them.  At the end
+  the warps' partial sums are added in SMEM and rows < M are stored in x's
+  dtype.
 
 Arithmetic (per group of 16; quantize_ref has the normative text)
 ------------------------------------------------------------------
@@ -222,9 +227,12 @@ def threads_for(knobs: dict) -> int:
 
 # Cache policy of the loads (measured on an H200, M=4608, K=15360, R=32: cp.async.ca 100 us vs .cg 125 us --
 # co-resident CTAs work on the same k steps at about the same time, so the lora_down tiles hit in L1;
-# an L2::256B prefetch hint on the x stream made no difference).
+# an L2::256B prefetch hint on the x stream made no difference).  The x loads allocate in L1 (session 4 of
+# docs/PERF.md: 1-5 % faster than L1::no_allocate).  A likely reason: a lane's two 16-byte loads of a row
+# are the two halves of the same 32-byte sectors, which no_allocate made L2 send twice.
 _CP_CACHE = "ca"
 _X_HINT = ""
+_X_L1 = ""              # the previous form: ".L1::no_allocate"
 
 
 def _asm(ptx: str, outs: tuple, ins: list, cons: str, side: bool = False):
@@ -242,7 +250,7 @@ def _asm(ptx: str, outs: tuple, ins: list, cons: str, side: bool = False):
 
 
 def _ld_v4(addr, side=False):
-    return _asm(f"ld.global.nc.L1::no_allocate{_X_HINT}.v4.u32 {{$0, $1, $2, $3}}, [$4];",
+    return _asm(f"ld.global.nc{_X_L1}{_X_HINT}.v4.u32 {{$0, $1, $2, $3}}, [$4];",
                 (Int32, Int32, Int32, Int32), [addr], "=r,=r,=r,=r,l", side)
 
 
@@ -397,6 +405,13 @@ def _e4m3_pair(sc_lo, sc_hi):
                 "mov.b32 {h0, h1}, hh;\n"
                 "cvt.f32.f16 $1, h0;\ncvt.f32.f16 $2, h1;\n}",
                 (Int32, Float32, Float32), [sc_lo, sc_hi], "=r,=f,=f,f,f")
+
+
+def _srow(kk):
+    """Staged row of lora_down row kk (0 <= kk < 64) of a step: the k permutation of the mma B operand
+    (virtual k 16j + 8h + 2t + e <- real k 16t + 4j + 2h + e).  A bit permutation of kk, for ints and DSL
+    integers alike: _srow(a + b) = _srow(a) + _srow(b) where a and b share no bit."""
+    return 16 * ((kk >> 2) & 3) + 8 * ((kk >> 1) & 1) + 2 * (kk >> 4) + (kk & 1)
 
 
 def _st_v2_pred(addr, w0, w1, pred):
@@ -554,6 +569,12 @@ class _QuantizeAct:
             acc = cute.make_rmem_tensor((MT * (R // 8) * 4,), Float32)
             acc.fill(0.0)
             c.acc, c.ldb, c.nchunk = acc, lora_down.toint(), R // 8
+            c.lora_fast = (R // 8) & (R // 8 - 1) == 0             # R / 8 a power of two (R = 16, 32, 64, 128)
+            if cutlass.const_expr(c.lora_fast):
+                kk0 = lane // (R // 8)
+                cc0 = lane % (R // 8)
+                c.lsb = lbuf + _srow(kk0) * P + cc0 * 16
+                c.lgb = c.ldb + Int64(kk0 * R + cc0 * 8) * 2
 
         if cutlass.const_expr(self.ring):
             # ---- ring prologue: copies in the order the steps keep (x_i, L_i, x_i+1, L_i+1, ...) ----
@@ -642,15 +663,26 @@ class _QuantizeAct:
                    c.smooth.toint() + (Int64(step) * STEP_K + Int64(2 * c.lane)) * 2)
 
     def _copy_lora(self, c, buf, step):
-        """cp.async the [64, R] lora_down tile of `step` into tile buffer `buf` (rows in the ldmatrix order)."""
+        """cp.async the [64, R] lora_down tile of `step` into tile buffer `buf` (rows in the ldmatrix order).
+
+        Lane l copies the 16-byte chunks l + 32 i (row kk = chunk // (R / 8)).  Where R / 8 is a power of
+        two, kk = kk0 + i * 32 / (R / 8) with the lane's kk0 < 32 / (R / 8) on other bits than the i part,
+        and `_srow` moves each bit of kk to a bit of its own, so both addresses are a per-lane base (made
+        once per kernel) plus the step's offset plus a constant per i: no per-step index arithmetic."""
         R, P = self.R, self.P
         nb = c.lbuf + buf * (STEP_K * P)
+        if c.lora_fast:
+            stride = 32 // c.nchunk
+            sb = c.lsb + buf * (STEP_K * P)
+            gb = c.lgb + Int64(step) * (STEP_K * R * 2)
+            for i in range((STEP_K * c.nchunk) // 32):
+                _cp_async16(sb + _srow(i * stride) * P, gb + i * stride * R * 2)
+            return
         for i in range((STEP_K * c.nchunk) // 32):
             ch = c.lane + 32 * i
             kk = ch // c.nchunk
             cc = ch % c.nchunk
-            srow = 16 * ((kk >> 2) & 3) + 8 * ((kk >> 1) & 1) + 2 * (kk >> 4) + (kk & 1)
-            _cp_async16(nb + srow * P + cc * 16, c.ldb + ((Int64(step) * STEP_K + Int64(kk)) * R + cc * 8) * 2)
+            _cp_async16(nb + _srow(kk) * P + cc * 16, c.ldb + ((Int64(step) * STEP_K + Int64(kk)) * R + cc * 8) * 2)
 
     def _step(self, c, s, smoothing):
         """One K step of one warp (plain Python at trace time); smoothing: trace the x / smooth path.

@@ -140,3 +140,22 @@ def test_invalid_knobs_rejected_with_reason(arch, knobs, words):
         assert re.search(r"\d+ B", reason), "resource reasons give numbers"
     with pytest.raises(ValueError):
         fam.compile(arch, base, "svdq_quantize_act_bad", "/tmp/svdq_qa_bad")
+
+
+@pytest.mark.parametrize("rank", [16, 32, 48, 64, 96, 128])
+def test_lora_tile_addresses_hoisted_equal_the_per_chunk_ones(rank):
+    """The lora_down tile copy's per-lane base + constant addresses (R / 8 a power of two) are the
+    per-chunk ones: same SMEM slot and same global element for every lane and chunk of a step."""
+    srow = fam._srow
+    assert sorted(srow(kk) for kk in range(fam.STEP_K)) == list(range(fam.STEP_K))    # a permutation
+    nchunk, pitch = rank // 8, fam._pitch(rank)
+    if nchunk & (nchunk - 1):
+        pytest.skip(f"R = {rank}: R / 8 is no power of two, the per-chunk form is used")
+    stride = 32 // nchunk
+    for lane in range(32):
+        kk0, cc0 = lane // nchunk, lane % nchunk
+        for i in range(fam.STEP_K * nchunk // 32):
+            ch = lane + 32 * i
+            kk, cc = ch // nchunk, ch % nchunk
+            assert (srow(kk0) + srow(i * stride)) * pitch + cc0 * 16 == srow(kk) * pitch + cc * 16
+            assert (kk0 * rank + cc0 * 8) + i * stride * rank == kk * rank + cc * 8
