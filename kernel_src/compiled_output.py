@@ -47,7 +47,8 @@ def cubin_resource_usage(cubin: bytes) -> dict[str, dict[str, int]]:
 
 def compile_named(kernel_cls: Any, instance: Any, args: tuple, name: str, arch: str, dump_dir: str,
                   *, keep_ptx: bool = False) -> tuple[Any, bytes, list[str]]:
-    """Trace and cross-compile `instance` (a `kernel_cls` object with ``kernel`` and ``__call__``) for `arch`.
+    """Trace and cross-compile `instance` (a `kernel_cls` object with ``kernel`` -- or the kernel methods its
+    ``KERNEL_METHODS`` names, of which ``__call__`` launches one -- and ``__call__``) for `arch`.
 
     The kernel symbol becomes ``<name>_0`` and the host function ``svdq_host_...``; neither may carry
     "cutlass" (ptxas was seen to spill on such symbols).  Returns (compiled function, cubin, symbols).
@@ -58,7 +59,8 @@ def compile_named(kernel_cls: Any, instance: Any, args: tuple, name: str, arch: 
 
     if "cutlass" in name.lower():
         raise ValueError(f"kernel name {name!r} must not contain 'cutlass' (ptxas spills on such symbols)")
-    kernel_cls.kernel.set_name_prefix(name, remove_cutlass_symbol=True, keep_mangled_name=False)
+    for attr in getattr(kernel_cls, "KERNEL_METHODS", ("kernel",)):     # a class may hold several forms
+        getattr(kernel_cls, attr).set_name_prefix(name, remove_cutlass_symbol=True, keep_mangled_name=False)
     host = name.replace("svdq_", "svdq_host_", 1) if name.startswith("svdq_") else "host_" + name
     kernel_cls.__call__.set_name_prefix(host, remove_cutlass_symbol=True, keep_mangled_name=False)
     os.makedirs(dump_dir, exist_ok=True)

@@ -33,7 +33,7 @@ def make_knobs(out_dtype="fp16", rank=32, wcscale=True, bias=True, **kw):
     """A complete knob dict: the op's features (spec order), then the family's tuning knobs."""
     knobs = dict(out_dtype=out_dtype, rank=rank, wcscale=wcscale, bias=bias, scale_layout="logical",
                  tile_m=DEFAULT_TM, tile_n=DEFAULT_TN, tile_k=DEFAULT_TK, stages=sm90.DEFAULT_STAGES,
-                 prefetch=1, skip_pad=False, act_decode="shift")
+                 prefetch=1, skip_pad=False, act_decode="shift", schedule="coop")
     knobs.update(kw)
     return knobs
 
@@ -68,7 +68,7 @@ def test_family_meets_the_contract():
     assert isinstance(sm90, Family)
     assert sm90.OP == "gemm_w4a4" and sm90.ARCHS == ("sm_90a",) and sm90.NAME == "sm90_wgmma_w4a4"
     assert set(sm90.TUNING) == {"tile_m", "tile_n", "tile_k", "stages", "prefetch", "skip_pad",
-                                 "act_decode"}
+                                 "act_decode", "schedule"}
     assert not set(sm90.TUNING) & set(GEMM_W4A4.feature_names)
     assert tuple(sm90.FEATURE_VALUES) == GEMM_W4A4.feature_names
 
@@ -100,11 +100,33 @@ def test_invalid_reason_accepts_every_rank_and_tile():
                 assert Variant.make("gemm_w4a4", ARCH, k).invalid_reason() is None, k
                 assert sm90.smem_bytes_for(k) <= sm90.SMEM_LIMIT_BYTES
                 assert sm90.threads_for(k) == 256
+            for tm, pf, sp in ((128, 1, False), (128, 2, False), (128, 2, True), (256, 1, False), (256, 2, True)):
+                if tm == 256 and rank >= 128:
+                    continue                        # ws 256-row tiles stop at rank 96 (below)
+                k = make_knobs(out_dtype=out_dtype, rank=rank, tile_m=tm, prefetch=pf, skip_pad=sp, schedule="ws")
+                assert sm90.invalid_reason(ARCH, k) is None, k
+                assert sm90.smem_bytes_for(k) <= sm90.SMEM_LIMIT_BYTES
+                assert sm90.threads_for(k) == 384
+
+
+def test_ws_register_split_fits_the_launch_allocation():
+    """setmaxnreg only moves registers inside the CTA's launch allocation (384 threads x the entry cap):
+    a larger split made the MMA warps' setmaxnreg.inc wait forever on the H200."""
+    from svdq_kernels import sm90_wgmma_w4a4 as fam
+    assert fam.WS_ENTRY_REGS == 65536 // fam.WS_THREADS // 8 * 8 == 168
+    assert 128 * fam.WS_PRODUCER_REGS + 256 * fam.WS_CONSUMER_REGS <= fam.WS_THREADS * fam.WS_ENTRY_REGS
+    assert fam.WS_PRODUCER_REGS % 8 == 0 and fam.WS_CONSUMER_REGS % 8 == 0
+    assert 24 <= fam.WS_PRODUCER_REGS < fam.WS_ENTRY_REGS < fam.WS_CONSUMER_REGS <= 256
 
 
 @pytest.mark.parametrize("knobs, words", [
     (dict(tile_m=512), "tile_m 512 not supported"),
-    (dict(tile_n=256), "tile_n 256 not supported"),
+    (dict(tile_n=512), "tile_n 512 not supported"),
+    (dict(tile_n=256), "tile_n 256 needs schedule ws"),
+    (dict(tile_n=256, schedule="ws"), "ptxas serialises every wgmma"),
+    (dict(schedule="pingpong"), "schedule 'pingpong' not supported"),
+    (dict(schedule="ws", tile_m=256, rank=128), "rank 128: 128 accumulator registers and the LoRA epilogue"),
+    (dict(schedule="ws", tile_m=256, prefetch=2), "prefetch 2 and skip_pad off"),
     (dict(tile_k=128), "tile_k 128 not supported"),
     (dict(stages=2), "stages 2 not supported"),
     (dict(prefetch=3), "prefetch 3 not supported"),
@@ -136,16 +158,16 @@ def test_variant_name_requirements_and_resolve():
     k = make_knobs(out_dtype="bf16", rank=32)
     v = Variant.make("gemm_w4a4", ARCH, k)
     assert v.name == ("svdq_gemm_w4a4_sm90a_outdtypebf16_rank32_wcscale1_bias1"
-                      "_tilem128_tilen128_tilek64_stages4_prefetch1_skippad0_actdecodeshift_reqn128k128")
+                      "_tilem128_tilen128_tilek64_stages4_prefetch1_skippad0_actdecodeshift_schedulecoop_reqn128k128")
     assert v.name == name_of(k) and v.knob_dict == k and v.family() is sm90
     # N is tiled by 128 weight rows; K by 64, and the k loop is unrolled by two
     assert v.requirements() == {"n_multiple": 128, "k_multiple": 128}
     assert sm90.resolve(ARCH, dict(k, stages="auto")) == k
     assert sm90.config_axes(ARCH, {}) == ([dict(tile_m=128, tile_n=128, tile_k=64, stages="auto", prefetch=1,
-                                                   skip_pad=True, act_decode="prmt")], [])
+                                                   skip_pad=True, act_decode="prmt", schedule="coop")], [])
     axes, problems = sm90.config_axes(ARCH, {"tiles": [[256, 128, 64], [256, 128, 64]], "clusters": [[1, 1]]})
     assert axes == [dict(tile_m=256, tile_n=128, tile_k=64, stages="auto", prefetch=1, skip_pad=True,
-                         act_decode="prmt")]
+                         act_decode="prmt", schedule="coop")]
     assert any(p.startswith("clusters:") for p in problems)
     assert any(p.startswith("tiles[1]:") and "duplicate" in p for p in problems)
     axes, problems = sm90.config_axes(ARCH, {"prefetch": [1, 2, 2]})
@@ -155,6 +177,26 @@ def test_variant_name_requirements_and_resolve():
                                                                   for p in problems)
     _, problems = sm90.config_axes(ARCH, {"tiles": [[128, 128]]})
     assert any("tile_k" in p for p in problems)
+    _, problems = sm90.config_axes(ARCH, {"schedule": ["ws", 3]})
+    assert any(p.startswith("schedule[1]: 3: expected a name") for p in problems)
+
+
+def test_config_forms_are_a_union_not_a_product():
+    """``forms``: each form's own product, then the union (one schedule per tile without the cross terms)."""
+    axes, problems = sm90.config_axes(ARCH, {"forms": [
+        {"tiles": [[128, 128, 64]], "schedule": ["ws"], "prefetch": [2]},
+        {"tiles": [[256, 128, 64]], "schedule": ["coop"]},
+        {"tiles": [[256, 128, 64]]}]})                      # the same form again: no duplicate
+    assert problems == []
+    assert axes == [dict(tile_m=128, tile_n=128, tile_k=64, stages="auto", prefetch=2, skip_pad=True,
+                         act_decode="prmt", schedule="ws"),
+                    dict(tile_m=256, tile_n=128, tile_k=64, stages="auto", prefetch=1, skip_pad=True,
+                         act_decode="prmt", schedule="coop")]
+    _, problems = sm90.config_axes(ARCH, {"forms": [{"tiles": [[128, 128, 64]], "schedul": ["ws"]}],
+                                          "stages": [4]})
+    assert any(p.startswith("forms[0].schedul: unknown key") for p in problems)
+    assert any(p.startswith("stages: not allowed beside forms") for p in problems)
+    assert sm90.config_axes(ARCH, {"forms": []})[1] == ["forms: []: expected a non-empty list of mappings"]
 
 
 def test_smem_plan():
@@ -163,6 +205,14 @@ def test_smem_plan():
     assert sm90.smem_bytes_for(make_knobs(rank=0, stages=3, tile_m=256)) == 3 * 256 * 64 * 2
     # a LoRA chunk re-uses those bytes: (128 + 128) rows x 64 ranks x 2 B = 32 KiB < 64 KiB of stages
     assert sm90.smem_bytes_for(make_knobs(rank=256, stages=4)) == 4 * 128 * 64 * 2
+    # ws: the producer fills the stages of the next tile during the epilogue, so the LoRA chunk has its own
+    # bytes after the stages, then 2 x stages mbarriers (each part rounded up to 1 KiB)
+    from svdq_kernels.sm90_wgmma_w4a4 import _cfg_of, _smem_plan
+    plan = _smem_plan(_cfg_of(make_knobs(rank=32, tile_m=256, schedule="ws")))
+    assert plan["lu_offset"] == 4 * 256 * 64 * 2 and plan["la_offset"] == plan["lu_offset"] + 128 * 32 * 2
+    assert plan["bar_offset"] == plan["lu_offset"] + (128 + 256) * 32 * 2
+    assert plan["total_bytes"] == plan["bar_offset"] + 1024
+    assert sm90.smem_bytes_for(make_knobs(rank=0, schedule="ws")) == 4 * 128 * 64 * 2 + 1024
 
 
 def test_compile_refuses_invalid_variants_before_tracing(tmp_path):
@@ -199,6 +249,13 @@ COMPILE_CASES = [
     dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, tile_m=256, skip_pad=True),
     dict(out_dtype="fp16", rank=96, wcscale=True, bias=True, prefetch=2, skip_pad=True, act_decode="prmt"),
     dict(out_dtype="bf16", rank=64, wcscale=False, bias=True, tile_m=256, skip_pad=True, act_decode="prmt"),
+    # warp-specialised: the configs/flux.yaml form, rank 0, a tail-decoding form, the 256-row tile
+    dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, prefetch=2, skip_pad=True, act_decode="prmt",
+         schedule="ws"),
+    dict(out_dtype="fp16", rank=0, wcscale=False, bias=False, schedule="ws"),
+    dict(out_dtype="fp16", rank=96, wcscale=True, bias=True, tile_m=256, prefetch=2, schedule="ws",
+         skip_pad=True, act_decode="prmt"),
+    dict(out_dtype="bf16", rank=256, wcscale=True, bias=False, prefetch=2, schedule="ws"),
 ]
 
 
@@ -240,6 +297,19 @@ def test_compile_produces_a_clean_sm90a_cubin(knobs, tmp_path):
     assert "LDG.E.128" in sass and "STS.128" in sass
     assert "F2FP.F16.E4M3.UNPACK" in sass
     assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass          # one wgmma group kept in flight
+    # not serialised by ptxas (it falls back to a full wait after every wgmma when registers run short):
+    # no full wait between the first and the last register-sourced (main-loop) HGMMA
+    ops = re.findall(r"(HGMMA\.\S+ R\d+, R\d+|WARPGROUP\.DEPBAR\.LE gsb0, 0x0)", sass)
+    first = next(i for i, o in enumerate(ops) if o.startswith("HGMMA"))
+    last = max(i for i, o in enumerate(ops) if o.startswith("HGMMA"))
+    assert not [o for o in ops[first:last] if o.startswith("WARPGROUP")], "main-loop wgmmas serialised"
+    if k["schedule"] == "ws":
+        from svdq_kernels import sm90_wgmma_w4a4 as fam
+        assert f"USETMAXREG.DEALLOC.CTAPOOL {fam.WS_PRODUCER_REGS:#x}" in sass
+        assert f"USETMAXREG.TRY_ALLOC.CTAPOOL UP0, {fam.WS_CONSUMER_REGS:#x}" in sass
+        assert "SYNCS.ARRIVE.TRANS64" in sass and "SYNCS.PHASECHK.TRANS64" in sass      # the mbarrier ring
+        assert usage["registers"] == fam.WS_ENTRY_REGS
+        assert "mbarrier.init.shared" in ptx or "mbarrier.init" in ptx
 
 
 def test_build_refuses_a_variant_that_fails_the_static_checks(monkeypatch, tmp_path):
@@ -247,3 +317,34 @@ def test_build_refuses_a_variant_that_fails_the_static_checks(monkeypatch, tmp_p
     monkeypatch.setattr(fam, "static_problem", lambda ptx, usage: "planted problem")
     with pytest.raises(RuntimeError, match="planted problem"):
         compile_knobs(make_knobs(rank=0), tmp_path)
+
+
+def test_selection_takes_ws_up_to_m256_and_coop_above():
+    """The family's SELECTION over every buildable form of both tiles: the measured winners are chosen."""
+    from types import SimpleNamespace
+
+    from svdq_loader import select
+    from svdq_loader.select_rules import Rule, parse_buckets
+
+    forms = [(128, "coop", 1), (128, "coop", 2), (128, "ws", 1), (128, "ws", 2),
+             (256, "coop", 1), (256, "ws", 1), (256, "ws", 2)]
+    vs = []
+    for tm, sc, pf in forms:
+        k = make_knobs(out_dtype="bf16", rank=32, tile_m=tm, prefetch=pf, schedule=sc, skip_pad=True,
+                       act_decode="prmt")
+        if sm90.invalid_reason(ARCH, k) is None:
+            vs.append(SimpleNamespace(name=name_of(k), op="gemm_w4a4", arch=ARCH, knobs=k, family=sm90.NAME,
+                                      requirements=sm90.requirements(ARCH, k)))
+    assert len(vs) == len(forms)
+    rules = {("gemm_w4a4", ARCH, sm90.NAME): Rule("gemm_w4a4", ARCH, sm90.NAME,
+                                                 parse_buckets(sm90.SELECTION, "sm90.SELECTION"))}
+
+    def pick(m):
+        p = select.Problem("gemm_w4a4", ARCH, ("bf16", 32, True, True, "logical"), (("m", m), ("n", 3072), ("k", 3072)))
+        kn = select.choose(vs, p, rules).knobs
+        return kn["tile_m"], kn["schedule"], kn["prefetch"]
+
+    for m in (1, 16, 64, 256):
+        assert pick(m) == (128, "ws", 2), m
+    for m in (257, 1024, 4608, 9728):
+        assert pick(m) == (256, "coop", 1), m

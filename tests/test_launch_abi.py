@@ -320,7 +320,8 @@ def test_vm_refuses_wrong_arg_count():
 # ---------------------------------------------------------------------------
 
 
-def test_project_sm90_gemm_kernel_matches_dsl(tmp_path):
+@pytest.mark.parametrize("schedule", ["coop", "ws"])
+def test_project_sm90_gemm_kernel_matches_dsl(tmp_path, schedule):
     from svdq_aot.host_ir import serialize_host
     from svdq_kernels import registry
     from svdq_loader.cubin_info import param_sizes
@@ -329,7 +330,7 @@ def test_project_sm90_gemm_kernel_matches_dsl(tmp_path):
     fam = registry.family("gemm_w4a4", "sm_90a")
     knobs = dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, scale_layout="logical",
                  tile_m=128, tile_n=128, tile_k=64, stages=4, prefetch=1,
-                 skip_pad=False, act_decode="shift")
+                 skip_pad=False, act_decode="shift", schedule=schedule)
     assert fam.invalid_reason("sm_90a", knobs) is None
     name = GEMM_W4A4.name_for("sm_90a", knobs, fam.requirements("sm_90a", knobs))
     ck = fam.compile("sm_90a", knobs, name, str(tmp_path))
@@ -356,10 +357,11 @@ def test_project_sm90_gemm_kernel_matches_dsl(tmp_path):
         dsl = O.dsl_oracle_launch(ck.compiled, args, sizes)
         amask, pmask = O.defined_mask(prog, args, sizes)
         assert not O.compare_records(vm, dsl, amask, pmask)
-        # the documented launch: a persistent grid of min(tiles, sm_count) CTAs, 256 threads, the planned SMEM
+        # the documented launch: a persistent grid of min(tiles, sm_count) CTAs, 256 threads (ws: 384), the
+        # planned SMEM
         assert vm.kernel == sym
         assert vm.grid == (min(-(-m // 128) * (n // 128), sm_count), 1, 1)
-        assert vm.block == (256, 1, 1)
+        assert vm.block == ((384 if schedule == "ws" else 256), 1, 1) == (fam.threads_for(knobs), 1, 1)
         assert vm.smem == ck.smem_bytes == fam.smem_bytes_for(knobs)
         assert vm.stream == args[-1]
         assert vm.cluster is None

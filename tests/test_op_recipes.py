@@ -32,7 +32,11 @@ from svdq_loader.ops import op_spec  # noqa: E402
 CASES = {
     "gemm_w4a4": ("sm_90a", dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, scale_layout="logical",
                                  tile_m=128, tile_n=128, tile_k=64, stages=4, prefetch=1,
-                 skip_pad=False, act_decode="shift")),
+                 skip_pad=False, act_decode="shift", schedule="coop")),
+    # the warp-specialised form configs/flux.yaml builds for M <= 256 (384 threads, min_blocks_per_mp 1)
+    "gemm_w4a4@ws": ("sm_90a", dict(out_dtype="fp16", rank=32, wcscale=True, bias=True, scale_layout="logical",
+                                    tile_m=128, tile_n=128, tile_k=64, stages=4, prefetch=2,
+                                    skip_pad=True, act_decode="prmt", schedule="ws")),
     "quantize_act": ("sm_90a", dict(dtype="bf16", rank=32, scale_layout="logical", warps=4, mtiles=1)),
     # GeForce/workstation Blackwell: blocked scale layout, the 2-warp variant configs/flux.yaml builds
     "quantize_act@sm_121a": ("sm_121a", dict(dtype="fp16", rank=32, scale_layout="blocked", warps=2, mtiles=1)),
