@@ -52,6 +52,7 @@ from cutlass.tensor_utils import LayoutEnum
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from . import sm100_plan as plan
+from .gemm_features import GemmFeatures, gemm_feature_values
 from .compiled_output import compile_named, cubin_resource_usage, placeholder_args
 
 __all__ = [
@@ -90,11 +91,7 @@ _THREADS = 32 * 6
 
 
 @dataclasses.dataclass(frozen=True)
-class _Cfg:
-    out_dtype: str
-    rank: int
-    wcscale: bool
-    bias: bool
+class _Cfg(GemmFeatures):
     cta_group: int
     tile_m: int
     tile_n: int
@@ -102,7 +99,7 @@ class _Cfg:
 
 
 def _cfg_of(knobs: dict) -> _Cfg:
-    return _Cfg(str(knobs["out_dtype"]), int(knobs["rank"]), bool(knobs["wcscale"]), bool(knobs["bias"]),
+    return _Cfg(*gemm_feature_values(knobs),
                 int(knobs["cta_group"]), int(knobs["tile_m"]), int(knobs["tile_n"]), int(knobs["ab_stages"]))
 
 

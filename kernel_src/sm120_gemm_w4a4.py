@@ -65,6 +65,7 @@ from cutlass import BFloat16, Float16, Float32
 from cutlass.cute.nvgpu import cpasync
 from cutlass.tensor_utils import LayoutEnum
 
+from .gemm_features import GemmFeatures, gemm_feature_values
 from .compiled_output import compile_named, cubin_resource_usage, placeholder_args
 
 __all__ = [
@@ -124,11 +125,7 @@ def smem_limit_bytes(arch: str) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Cfg:
-    out_dtype: str
-    rank: int
-    wcscale: bool
-    bias: bool
+class _Cfg(GemmFeatures):
     tile_m: int
     tile_n: int
     tile_k: int
@@ -136,7 +133,7 @@ class _Cfg:
 
 
 def _cfg_of(knobs: dict) -> _Cfg:
-    return _Cfg(str(knobs["out_dtype"]), int(knobs["rank"]), bool(knobs["wcscale"]), bool(knobs["bias"]),
+    return _Cfg(*gemm_feature_values(knobs),
                 int(knobs["tile_m"]), int(knobs["tile_n"]), int(knobs["tile_k"]), int(knobs["stages"]))
 
 

@@ -112,7 +112,7 @@ def test_invalid_reason_accepts_every_rank_and_tile():
 def test_ws_register_split_fits_the_launch_allocation():
     """setmaxnreg only moves registers inside the CTA's launch allocation (384 threads x the entry cap):
     a larger split made the MMA warps' setmaxnreg.inc wait forever on the H200."""
-    from svdq_kernels import sm90_wgmma_w4a4 as fam
+    from svdq_kernels import sm90_plan as fam
     assert fam.WS_ENTRY_REGS == 65536 // fam.WS_THREADS // 8 * 8 == 168
     assert 128 * fam.WS_PRODUCER_REGS + 256 * fam.WS_CONSUMER_REGS <= fam.WS_THREADS * fam.WS_ENTRY_REGS
     assert fam.WS_PRODUCER_REGS % 8 == 0 and fam.WS_CONSUMER_REGS % 8 == 0
@@ -144,7 +144,7 @@ def test_invalid_reason_rejects_with_a_reason(knobs, words):
 
 
 def test_resource_rules_give_numbers():
-    from svdq_kernels.sm90_wgmma_w4a4 import _Cfg, _problem
+    from svdq_kernels.sm90_plan import _Cfg, _problem
     # 4 stages of a 256 x 64 fp16 activation tile = 128 KiB; a 256-row LoRA chunk of 64 ranks = 64 KiB
     assert _problem(_Cfg("bf16", 256, True, True, 256, 128, 4)) is None
     assert "128 accumulator registers" in _problem(_Cfg("bf16", 32, True, True, 256, 128, 4, 2))
@@ -207,7 +207,7 @@ def test_smem_plan():
     assert sm90.smem_bytes_for(make_knobs(rank=256, stages=4)) == 4 * 128 * 64 * 2
     # ws: the producer fills the stages of the next tile during the epilogue, so the LoRA chunk has its own
     # bytes after the stages, then 2 x stages mbarriers (each part rounded up to 1 KiB)
-    from svdq_kernels.sm90_wgmma_w4a4 import _cfg_of, _smem_plan
+    from svdq_kernels.sm90_plan import _cfg_of, _smem_plan
     plan = _smem_plan(_cfg_of(make_knobs(rank=32, tile_m=256, schedule="ws")))
     assert plan["lu_offset"] == 4 * 256 * 64 * 2 and plan["la_offset"] == plan["lu_offset"] + 128 * 32 * 2
     assert plan["bar_offset"] == plan["lu_offset"] + (128 + 256) * 32 * 2
@@ -304,7 +304,7 @@ def test_compile_produces_a_clean_sm90a_cubin(knobs, tmp_path):
     last = max(i for i, o in enumerate(ops) if o.startswith("HGMMA"))
     assert not [o for o in ops[first:last] if o.startswith("WARPGROUP")], "main-loop wgmmas serialised"
     if k["schedule"] == "ws":
-        from svdq_kernels import sm90_wgmma_w4a4 as fam
+        from svdq_kernels import sm90_plan as fam
         assert f"USETMAXREG.DEALLOC.CTAPOOL {fam.WS_PRODUCER_REGS:#x}" in sass
         assert f"USETMAXREG.TRY_ALLOC.CTAPOOL UP0, {fam.WS_CONSUMER_REGS:#x}" in sass
         assert "SYNCS.ARRIVE.TRANS64" in sass and "SYNCS.PHASECHK.TRANS64" in sass      # the mbarrier ring

@@ -1,0 +1,78 @@
+"""Inline PTX of the sm_90a GEMM: the exact E2M1 / E4M3 decodes into fp16x2 (build time only, CuTe-DSL)."""
+from __future__ import annotations
+
+from cutlass import Int32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import dsl_user_op
+
+#: 2^7 as fp16x2 (both operands are decoded times 2^-14 and scaled by 2^7: exact, no fp16 overflow)
+_F16X2_128 = 0x58005800
+
+
+def _asm(res, ins, text, cons):
+    return Int32(llvm.inline_asm(Int32.mlir_type, [Int32(x).ir_value() for x in ins], text, cons,
+                                 has_side_effects=False, is_align_stack=False,
+                                 asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@dsl_user_op
+def _scales_x128(two_e4m3, *, loc=None, ip=None):
+    """Low 16 bits = two E4M3 bytes -> fp16x2 of (scale · 2^7), exact."""
+    return _asm(None, [two_e4m3],
+                "{\n\t.reg .b16 t;\n\t.reg .b32 c;\n\tcvt.u16.u32 t, $1;\n\t"
+                "cvt.rn.f16x2.e4m3x2 $0, t;\n\tmov.b32 c, %d;\n\tmul.rn.f16x2 $0, $0, c;\n\t}" % _F16X2_128,
+                "=r,r")
+
+
+@dsl_user_op
+def _bcast(pair, hi: int, *, loc=None, ip=None):
+    """fp16x2 {a, b} -> {a, a} (hi=0) or {b, b} (hi=1)."""
+    pick = "{l, l}" if hi == 0 else "{h, h}"
+    return _asm(None, [pair], "{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, $1;\n\tmov.b32 $0, %s;\n\t}" % pick,
+                "=r,r")
+
+
+@dsl_user_op
+def _wdecode(word, scale2, p: int, *, loc=None, ip=None):
+    """Pair p of a fragment word (sm90 weight format) times the broadcast scale -> fp16x2."""
+    return _asm(None, [word, scale2],
+                "{\n\t.reg .b32 a, b;\n\tshl.b32 a, $1, %d;\n\tand.b32 a, a, 0x0E000E00;\n\t"
+                "shl.b32 b, $1, %d;\n\tand.b32 b, b, 0x80008000;\n\tor.b32 a, a, b;\n\t"
+                "mul.rn.f16x2 $0, a, $2;\n\t}" % (9 - 3 * p, 3 - p),
+                "=r,r,r")
+
+
+@dsl_user_op
+def _byte_form(word, high: int, *, loc=None, ip=None):
+    """The low (high=0) or high (high=1) nibble of each byte of a logical NVFP4 word, moved to the byte's
+    fp16-high-byte position: magnitude at bits 1-3, sign at bit 7."""
+    if high == 0:
+        text = ("{\n\t.reg .b32 a, b;\n\tshl.b32 a, $1, 1;\n\tand.b32 a, a, 0x0E0E0E0E;\n\t"
+                "shl.b32 b, $1, 4;\n\tand.b32 b, b, 0x80808080;\n\tor.b32 $0, a, b;\n\t}")
+    else:
+        text = ("{\n\t.reg .b32 a, b;\n\tshr.b32 a, $1, 3;\n\tand.b32 a, a, 0x0E0E0E0E;\n\t"
+                "and.b32 b, $1, 0x80808080;\n\tor.b32 $0, a, b;\n\t}")
+    return _asm(None, [word], text, "=r,r")
+
+
+@dsl_user_op
+def _adecode_prmt(lo_form, hi_form, scale2, byte: int, *, loc=None, ip=None):
+    """Pair `byte` from the two byte forms: one byte permute, one mask, one mul.f16x2."""
+    sel = byte | (byte << 4) | ((4 + byte) << 8) | ((4 + byte) << 12)
+    return _asm(None, [lo_form, hi_form, scale2],
+                "{\n\t.reg .b32 a;\n\tprmt.b32 a, $1, $2, 0x%04X;\n\tand.b32 a, a, 0x8E008E00;\n\t"
+                "mul.rn.f16x2 $0, a, $3;\n\t}" % sel,
+                "=r,r,r,r")
+
+
+@dsl_user_op
+def _adecode(word, scale2, byte: int, *, loc=None, ip=None):
+    """Byte `byte` of a logical NVFP4 word (low nibble = even k) times the broadcast scale -> fp16x2."""
+    return _asm(None, [word, scale2],
+                "{\n\t.reg .b32 y, a, b;\n\tshr.b32 y, $1, %d;\n\t"
+                "shl.b32 a, y, 9;\n\tand.b32 a, a, 0x00000E00;\n\t"
+                "shl.b32 b, y, 12;\n\tand.b32 b, b, 0x00008000;\n\tor.b32 a, a, b;\n\t"
+                "shl.b32 b, y, 21;\n\tand.b32 b, b, 0x0E000000;\n\tor.b32 a, a, b;\n\t"
+                "shl.b32 b, y, 24;\n\tand.b32 b, b, 0x80000000;\n\tor.b32 a, a, b;\n\t"
+                "mul.rn.f16x2 $0, a, $2;\n\t}" % (8 * byte),
+                "=r,r,r")

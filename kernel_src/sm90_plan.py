@@ -1,0 +1,111 @@
+"""The sm_90a GEMM's plan: tile, SMEM and register budgets, and the resource part of its validity predicate.
+
+Pure Python (no DSL): the family (``sm90_wgmma_w4a4``) and the kernel (``sm90_wgmma_kernel``) both read it,
+and every number a rejection gives comes from here.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from .gemm_features import GemmFeatures, gemm_feature_values
+
+DEFAULT_TILE = (128, 128, 64)
+DEFAULT_STAGES = 4
+TILE_K = 64
+K_MULTIPLE = 2 * TILE_K          # the k loop is unrolled by two (register double buffer)
+THREADS = 256                    # coop: two warpgroups; ws: the consumer warpgroups
+WS_THREADS = 384                 # ws: producer warpgroup 0 + consumer warpgroups 1 and 2
+#: setmaxnreg only moves registers inside the CTA's launch allocation: the kernel starts at 168 registers
+#: (65536 / 384, rounded down to 8), so 128 x producer + 256 x consumer must stay <= 384 x 168.  More and
+#: the consumers' setmaxnreg.inc waits forever (a hang, seen on the H200 with 80 / 216).
+WS_ENTRY_REGS = 168
+WS_CONSUMER_REGS = 216
+WS_PRODUCER_REGS = (WS_THREADS * WS_ENTRY_REGS - 256 * WS_CONSUMER_REGS) // 128 // 8 * 8
+assert 128 * WS_PRODUCER_REGS + 256 * WS_CONSUMER_REGS <= WS_THREADS * WS_ENTRY_REGS
+SMEM_LIMIT_BYTES = 227 * 1024
+MAX_ACC_REGS = 128               # fp32 accumulators per thread we allow (the rest: fragments, raws)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cfg(GemmFeatures):
+    tile_m: int
+    tile_n: int
+    stages: int
+    prefetch: int = 1
+    skip_pad: bool = False
+    act_decode: str = "shift"
+    schedule: str = "coop"
+
+
+def _cfg_of(knobs: dict) -> _Cfg:
+    return _Cfg(*gemm_feature_values(knobs),
+                int(knobs["tile_m"]), int(knobs["tile_n"]), int(knobs["stages"]), int(knobs["prefetch"]),
+                bool(knobs["skip_pad"]), str(knobs["act_decode"]), str(knobs.get("schedule", "coop")))
+
+
+def _lora_chunk(rank: int) -> int:
+    for c in (64, 32, 16):
+        if rank % c == 0:
+            return c
+    return 16
+
+
+def _smem_plan(cfg: _Cfg) -> dict[str, int]:
+    """Bytes of the activation stages and of one LoRA chunk.  coop: the LoRA chunk re-uses the stages' bytes
+    (the epilogue runs after every warp is done with them); ws: the producer is already filling the stages for
+    the next tile while the consumers run the epilogue, so the LoRA chunk has its own bytes after the stages,
+    and the ring's 2 x stages mbarriers (8 bytes each) come last."""
+    main = cfg.stages * cfg.tile_m * TILE_K * 2
+    lora = (cfg.tile_n + cfg.tile_m) * _lora_chunk(cfg.rank) * 2 if cfg.rank else 0
+    la_in_chunk = cfg.tile_n * _lora_chunk(cfg.rank) * 2 if cfg.rank else 0
+    if cfg.schedule == "ws":
+        lora_at = (main + 1023) // 1024 * 1024
+        bar_at = lora_at + (lora + 1023) // 1024 * 1024
+        total = bar_at + 2 * cfg.stages * 8
+        total = (total + 1023) // 1024 * 1024
+        return dict(main_bytes=main, lora_bytes=lora, total_bytes=total, lu_offset=lora_at,
+                    la_offset=lora_at + la_in_chunk, bar_offset=bar_at)
+    total = (max(main, lora) + 1023) // 1024 * 1024
+    return dict(main_bytes=main, lora_bytes=lora, total_bytes=total, lu_offset=0, la_offset=la_in_chunk,
+                bar_offset=-1)
+
+
+def _problem(cfg: _Cfg) -> Optional[str]:
+    atoms = cfg.tile_n // 128
+    acc = atoms * cfg.tile_m // 2
+    if acc > MAX_ACC_REGS:
+        return (f"tile {cfg.tile_m}x{cfg.tile_n} needs {acc} fp32 accumulator registers per thread, "
+                f"more than the {MAX_ACC_REGS} this kernel allows (255 registers in all, fragments and "
+                f"raw prefetch need the rest)")
+    if cfg.tile_n > 128:
+        if cfg.schedule == "coop":
+            return (f"tile_n {cfg.tile_n} needs schedule ws: with coop every thread also holds the activation "
+                    f"bytes, and the tile spilled (8-byte stack frames at 255 registers, ranks 64 and 128)")
+        return (f"tile_n {cfg.tile_n}: two weight atoms per MMA warpgroup (128 accumulator + 64 fragment "
+                f"registers) do not fit the {WS_CONSUMER_REGS} registers of an MMA thread; ptxas serialises every "
+                f"wgmma instead (20 full waits for 20 HGMMA; measured 0.51-0.62x cuBLAS bf16 at M >= 4608 on the "
+                f"H200)")
+    if cfg.schedule == "ws" and acc > 64 and cfg.rank >= 128:
+        return (f"schedule ws with tile_m={cfg.tile_m} and rank {cfg.rank}: {acc} accumulator registers and the "
+                f"LoRA epilogue do not fit the {WS_CONSUMER_REGS} registers of an MMA thread (measured: 8-40 byte "
+                f"stack frames at ranks 128 and 256)")
+    if cfg.schedule == "ws" and acc > 64 and cfg.prefetch > 1 and not cfg.skip_pad:
+        return (f"schedule ws with tile_m={cfg.tile_m}, prefetch {cfg.prefetch} and skip_pad off: the producer's two "
+                f"raw sets and the row predicates do not fit its {WS_PRODUCER_REGS} registers (measured: 56-byte "
+                f"stack frames)")
+    if cfg.prefetch > 1 and acc > 64 and cfg.schedule == "coop":
+        return (f"prefetch {cfg.prefetch} with tile_m={cfg.tile_m}: a second raw-byte register set on top of "
+                f"{acc} accumulator registers does not fit (measured: 8-byte stack frames at 255 registers for "
+                f"ranks 0, 64, 256)")
+    plan = _smem_plan(cfg)
+    if plan["total_bytes"] > SMEM_LIMIT_BYTES:
+        where = "separate LoRA chunk" if cfg.schedule == "ws" else "LoRA chunk"
+        return (f"needs {plan['total_bytes']} B of dynamic SMEM (activation stages {plan['main_bytes']} B, "
+                f"{where} {plan['lora_bytes']} B), more than the {SMEM_LIMIT_BYTES} B of an sm_90 CTA")
+    return None
+
+
+def threads_of(cfg: _Cfg) -> int:
+    """Threads per CTA: two warpgroups (coop), or a producer warpgroup and two MMA warpgroups (ws)."""
+    return WS_THREADS if cfg.schedule == "ws" else THREADS

@@ -1,0 +1,500 @@
+"""SVDQuant W4A4 (NVFP4) GEMM for Hopper, ``sm_90a``, on ``wgmma`` -- CuTe-DSL, build time only.
+
+Operator (fp32 accumulation; docs/design.md has the formula): ``y = (A·Wᵀ)·wcscale + bias + la·luᵀ``.
+
+The kernel computes the transposed product ``Yᵀ[n, m] = Σ_k W[n,k]·A[m,k]`` with
+``wgmma.m64nMk16`` (fp16 inputs, fp32 accumulators in registers):
+
+* **Weights in registers.** Each of the two warpgroups owns ``tile_n/2`` rows of W
+  (``tile_n/128`` wgmma M atoms).  The weight is stored in the Hopper fragment format
+  (``svdq_loader.ops.sm90_weight_format``, written once by ``prepare_weight``): per 64x64
+  block one 16-byte load gives a thread its four 16-k fragments and one 8-byte load its eight
+  E4M3 scales.  Decode is exact: two shifts and two masks turn a nibble pair into the fp16
+  bit patterns ``e2m1·2^-14``, one ``mul.f16x2`` by ``scale·2^7`` finishes it.  The
+  fragments are wgmma's register-sourced A operand (double-buffered: k-tile t+1 is decoded
+  while the wgmmas of k-tile t run).
+* **Activations in swizzled SMEM.** All 256 threads dequantize the ``tile_m x 64`` activation
+  k-tile (logical NVFP4, the layout ``quantize_act`` writes on sm_90a) into a 128-byte-swizzled
+  K-major fp16 tile, ``stages`` (>= 3) deep: by default (``act_decode: prmt``) two byte forms
+  per 32-bit word, then one byte permute and one mask per pair, then one ``mul.f16x2`` by the
+  scale; with ``skip_pad`` rows >= m are not decoded (a tile without such rows takes the
+  unpredicated path).  Raw bytes of k-tile t+2 are loaded into registers while k-tile t computes.  One barrier per
+  k-tile (three stages make it sufficient: a stage is rewritten two k-tiles after it was read,
+  and every warpgroup has waited for its previous wgmma group before that barrier).
+* **Scale bookkeeping.** Both operands carry a factor ``2^-7``; the epilogue multiplies the
+  accumulators by ``2^14·wcscale[n]`` (exact: a power of two), *then* adds LoRA as extra
+  wgmmas into the same accumulators (``lora_up`` from SMEM as A, ``lora_act_in`` from SMEM as
+  B, output dtype, rank in chunks of up to 64), then ``bias[n]``; predicated store of rows < m.
+* **Persistent tiles.** grid = min(sm_count, tiles) CTAs (``sm_count`` is a host argument the
+  loader fills from the device), each walking tiles ``blockIdx.x, +gridDim.x, ...``; within
+  an M band the N tiles are adjacent, so CTAs running together share activation rows.
+
+Two schedules (knob ``schedule``) run that same arithmetic:
+
+* ``coop`` (above): the two warpgroups do everything, one CTA barrier per k-tile.
+* ``ws``, warp-specialised, 384 threads.  Warpgroup 0 is the producer: it loads the raw
+  activation bytes (``prefetch`` register sets), decodes them into the stages exactly as above
+  and signals an mbarrier ring (``full[s]``: 128 arrivals; ``empty[s]``: one per MMA warp;
+  the producer's first pass waits on parity 1, which a fresh barrier satisfies).  Warpgroups 1
+  and 2 only load and decode their weight fragments (two raw sets, two k-tiles ahead), wait on
+  ``full``, issue the wgmmas, hand a stage back after the next k-tile's ``wait_group(1)``, and
+  run the epilogue while the producer already fills the stages of their next tile (so the LoRA
+  chunk has SMEM of its own).  ``setmaxnreg`` gives the producer ``WS_PRODUCER_REGS`` and the
+  MMA warps ``WS_CONSUMER_REGS`` out of the launch allocation of 384 x 168 registers.
+
+Launch ABI: host args = the op's (9 pointers, m, n, k, sm_count, stream); kernel params =
+the 9 pointers and m, n, k.  block = (256, 1, 1) (ws: 384), dynamic SMEM = ``smem_bytes_for(knobs)``.
+
+Preconditions (the loader enforces them): 16-byte aligned contiguous tensors, m >= 1,
+n % tile_n == 0, k % 128 == 0, element offsets < 2^31; weights in the sm90 fragment format.
+"""
+import cuda.bindings.driver as cuda
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import BFloat16, Float16, Float32, Int32, Int64, Uint16
+from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
+
+try:
+    from cutlass.tensor_utils import LayoutEnum
+except ImportError:  # older DSL
+    from cutlass.utils import LayoutEnum
+
+from .sm90_decode_ptx import _adecode, _adecode_prmt, _bcast, _byte_form, _scales_x128, _wdecode
+from .sm90_plan import (TILE_K, THREADS, WS_CONSUMER_REGS, WS_PRODUCER_REGS, _Cfg, _lora_chunk, _problem,
+                        _smem_plan, threads_of)
+
+_OUT_DTYPES = {"fp16": Float16, "bf16": BFloat16}
+_ACC_UNSCALE = float(2 ** 14)
+
+
+class _Sm90Wgmma:
+    KERNEL_METHODS = ("kernel", "kernel_ws")      # schedule coop / ws
+
+    def __init__(self, cfg: _Cfg):
+        reason = _problem(cfg)
+        if reason:
+            raise ValueError(f"unsupported sm90_wgmma_w4a4 variant: {reason}")
+        self.cfg = cfg
+        self.tm, self.tn, self.stages = cfg.tile_m, cfg.tile_n, cfg.stages
+        self.atoms = cfg.tile_n // 128
+        self.rank = cfg.rank
+        self.rc = _lora_chunk(cfg.rank) if cfg.rank else 0
+        self.out_dtype = _OUT_DTYPES[cfg.out_dtype]
+        self.plan = _smem_plan(cfg)
+        self.smem_bytes = self.plan["total_bytes"]
+        self.ws = cfg.schedule == "ws"
+        self.threads = threads_of(cfg)
+        self.nthr_a = 128 if self.ws else THREADS                # threads that decode activations
+        self.chunks_a = self.tm * (TILE_K // 32) // self.nthr_a  # 32-k activation chunks per such thread
+        self.prefetch = cfg.prefetch
+        self.skip_pad = cfg.skip_pad
+        self.act_decode = cfg.act_decode
+
+    @cute.jit
+    def __call__(self, act: cute.Pointer, ascales: cute.Pointer, wgt: cute.Pointer, wscales: cute.Pointer,
+                 lora_act_in: cute.Pointer, lora_up: cute.Pointer, wcscale: cute.Pointer, bias: cute.Pointer,
+                 out: cute.Pointer, m: cutlass.Int32, n: cutlass.Int32, k: cutlass.Int32,
+                 sm_count: cutlass.Int32, stream: cuda.CUstream):
+        tiles = ((m + (self.tm - 1)) // self.tm) * (n // self.tn)
+        grid = cutlass.min(tiles, sm_count)
+        if cutlass.const_expr(self.ws):
+            # min_blocks_per_mp=1 caps the registers at entry (65536 / 384), which setmaxnreg needs
+            self.kernel_ws(act, ascales, wgt, wscales, lora_act_in, lora_up, wcscale, bias, out, m, n, k).launch(
+                grid=[grid, 1, 1], block=[self.threads, 1, 1], smem=self.smem_bytes, stream=stream,
+                min_blocks_per_mp=1)
+        else:
+            self.kernel(act, ascales, wgt, wscales, lora_act_in, lora_up, wcscale, bias, out, m, n, k).launch(
+                grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream)
+
+    # -- helpers (trace time) -------------------------------------------------
+    def _gmem_views(self, p_act, p_asc, p_wgt, p_wsc, p_out, m, n, k):
+        """num_kt, kw and the global tensors: activation words and scale pairs, weight fragments and scales, out."""
+        num_kt = cute.assume(k // TILE_K, divby=2)
+        kw = cute.assume(k // 8, divby=16)          # 32-bit words of packed nibbles per activation row
+        kq = cute.assume(k // 32, divby=4)          # 16-bit scale pairs per activation row
+        mActW = cute.make_tensor(cute.recast_ptr(p_act, dtype=Int32), cute.make_layout((m, kw), stride=(kw, 1)))
+        mAscH = cute.make_tensor(cute.recast_ptr(p_asc, dtype=Uint16), cute.make_layout((m, kq), stride=(kq, 1)))
+        nwords = (n // 64) * num_kt * 512
+        mWq = cute.make_tensor(cute.recast_ptr(p_wgt, dtype=Int32), cute.make_layout(nwords))
+        mWs = cute.make_tensor(cute.recast_ptr(p_wsc, dtype=Int32), cute.make_layout(nwords // 8))
+        mOut = cute.make_tensor(p_out, cute.make_layout((m, n), stride=(n, 1)))
+        return num_kt, kw, mActW, mAscH, mWq, mWs, mOut
+
+    def _stages(self, base):
+        """The activation stages: `stages` 128-byte-swizzled K-major fp16 tiles of tile_m x 64 at `base`."""
+        lay_a = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (self.tn, self.tm, TILE_K), Float16, self.stages)
+        assert cute.cosize(lay_a) * 2 <= self.plan["main_bytes"]
+        return cute.make_tensor(cute.recast_ptr(base, lay_a.inner, dtype=Float16), lay_a.outer)
+
+    def _mma_parts(self, sA, tid):
+        """For MMA thread `tid` (0..255): the register-A tiled wgmma, its B view of the stages, the two weight
+        fragment buffers (as wgmma A operands and as Int32 words), the accumulators and their coordinates."""
+        tm, tn = self.tm, self.tn
+        tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            Float16, Float16, OperandMajorMode.K, OperandMajorMode.K, Float32, (2, 1, 1), (64, tm),
+            sm90_utils.OperandSource.RMEM)
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+        thr_mma = tiled_mma.get_slice(tid)
+        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sA))
+        frag_shape = ((2, 2, 2), self.atoms, TILE_K // 16)
+        fragA = (tiled_mma.make_fragment_A(frag_shape), tiled_mma.make_fragment_A(frag_shape))
+        fragW = tuple(cute.make_tensor(cute.recast_ptr(f.iterator, dtype=Int32),
+                                       cute.make_layout(16 * self.atoms)) for f in fragA)
+        acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((tn, tm)), Float32)
+        tCcC = thr_mma.partition_C(cute.make_identity_tensor((tn, tm)))
+        return tiled_mma, tCrB, fragA, fragW, acc, tCcC
+
+    def _buffers(self, tidx):
+        ca, at = range(self.chunks_a), range(self.atoms)
+        return ([cute.make_rmem_tensor((4,), Int32) for _ in ca],
+                [cute.make_rmem_tensor((1,), Uint16) for _ in ca],
+                [cute.make_rmem_tensor((16,), Int32) for _ in ca],
+                [cute.make_rmem_tensor((4,), Int32) for _ in at],
+                [cute.make_rmem_tensor((2,), Int32) for _ in at],
+                [(tidx + i * self.nthr_a) // 2 for i in ca],
+                [(tidx + i * self.nthr_a) % 2 for i in ca])
+
+    def _load_act(self, mActW, mAscH, rows_ld, kcs, kh4, kt, raw, rsc):
+        for i in range(self.chunks_a):
+            src = cute.local_tile(mActW, (1, 4), (rows_ld[i], kt * 2 + kcs[i]))
+            cute.autovec_copy(src, raw[i])
+            rsc[i][0] = mAscH[rows_ld[i], kt * 2 + kcs[i]]
+
+    def _load_w(self, mWq, mWs, wblk, num_kt, tidx, kt, wraw, wsc):
+        lane_t = tidx % 128
+        for a in range(self.atoms):
+            blk = wblk[a] * num_kt + kt
+            cute.autovec_copy(cute.local_tile(mWq, (4,), (blk * 128 + lane_t,)), wraw[a])
+            cute.autovec_copy(cute.local_tile(mWs, (2,), (blk * 32 + lane_t // 4,)), wsc[a])
+
+    def _store_act(self, sA, stage, rows, kcs, valid, raw, rsc, deq, only=None):
+        for i in (range(self.chunks_a) if only is None else (only,)):
+            sc = Int32(rsc[i][0])
+            if valid is not None:
+                sc = cutlass.select_(valid[i], sc, Int32(0))
+            s2 = _scales_x128(sc)
+            b0 = _bcast(s2, 0)
+            b1 = _bcast(s2, 1)
+            for w in range(4):
+                s = b0 if w < 2 else b1
+                if self.act_decode == "prmt":
+                    lo, hi = _byte_form(raw[i][w], 0), _byte_form(raw[i][w], 1)
+                    for b in range(4):
+                        deq[i][w * 4 + b] = _adecode_prmt(lo, hi, s, b)
+                else:
+                    for b in range(4):
+                        deq[i][w * 4 + b] = _adecode(raw[i][w], s, b)
+            dst = cute.local_tile(sA[None, None, stage], (1, 32), (rows[i], kcs[i]))
+            cute.autovec_copy(cute.recast_tensor(deq[i], Float16), dst)
+
+    def _decode_w(self, fragw, wraw, wsc):
+        for a in range(self.atoms):
+            for j in range(4):
+                pair = (wsc[a][j // 2] >> (16 * (j % 2))) & 0xFFFF
+                s2 = _scales_x128(pair)
+                sb = (_bcast(s2, 0), _bcast(s2, 1))
+                for p in range(4):
+                    fragw[p + 4 * a + 4 * self.atoms * j] = _wdecode(wraw[a][j], sb[p % 2], p)
+
+    # -- device kernel ----------------------------------------------------------
+    @cute.kernel
+    def kernel(self, p_act: cute.Pointer, p_asc: cute.Pointer, p_wgt: cute.Pointer, p_wsc: cute.Pointer,
+               p_la: cute.Pointer, p_lu: cute.Pointer, p_wc: cute.Pointer, p_bias: cute.Pointer,
+               p_out: cute.Pointer, m: cutlass.Int32, n: cutlass.Int32, k: cutlass.Int32):
+        tm, tn, S = self.tm, self.tn, self.stages
+        tidx, _, _ = cute.arch.thread_idx()
+        bid, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        wg = tidx // 128
+
+        num_kt, kw, mActW, mAscH, mWq, mWs, mOut = self._gmem_views(p_act, p_asc, p_wgt, p_wsc, p_out, m, n, k)
+
+        # ---- SMEM ---------------------------------------------------------------
+        smem = cutlass.utils.SmemAllocator()
+        base = smem.allocate(self.smem_bytes, byte_alignment=1024)
+        sA = self._stages(base)
+
+        # ---- MMA ----------------------------------------------------------------
+        tiled_mma, tCrB, fragA, fragW, acc, tCcC = self._mma_parts(sA, tidx)
+
+        # ---- per-thread register buffers ------------------------------------------
+        sets = [self._buffers(tidx) for _ in range(self.prefetch)]      # raw-byte register sets
+        raw, rsc, wraw, wsc = ([b[i] for b in sets] for i in (0, 1, 3, 4))
+        deq, rows, kcs = sets[0][2], sets[0][5], sets[0][6]
+
+        tiles_n = n // tn
+        tiles = ((m + (tm - 1)) // tm) * tiles_n
+        for tile in cutlass.range(bid, tiles, gdim, unroll=1):
+            tm_i = tile // tiles_n
+            tn_i = tile - tm_i * tiles_n
+            m0 = tm_i * tm
+            n0 = tn_i * tn
+            valid = [(m0 + r) < m for r in rows]
+            rows_ld = [cutlass.min(m0 + r, m - 1) for r in rows]
+            wblk = [n0 // 64 + a * 2 + wg for a in range(self.atoms)]
+            acc.fill(0.0)
+
+            # prologue: raw bytes of k-tiles 0 .. P-1 into register sets t % P; k-tile 0 into stage 0 and
+            # fragment buffer 0; then k-tile P in flight into set 0
+            P = self.prefetch
+            for t in cutlass.range_constexpr(P):      # num_kt >= 2: k-tiles 0 and 1 exist
+                self._load_act(mActW, mAscH, rows_ld, kcs, kw, t, raw[t], rsc[t])
+                self._load_w(mWq, mWs, wblk, num_kt, tidx, t, wraw[t], wsc[t])
+            full = (m0 + tm) <= m      # no padded rows in this tile (uniform across the CTA)
+            if cutlass.const_expr(self.skip_pad):
+                if full:
+                    self._store_act(sA, 0, rows, kcs, None, raw[0], rsc[0], deq)
+                else:
+                    for i in cutlass.range_constexpr(self.chunks_a):
+                        if valid[i]:
+                            self._store_act(sA, 0, rows, kcs, None, raw[0], rsc[0], deq, only=i)
+            else:
+                self._store_act(sA, 0, rows, kcs, valid, raw[0], rsc[0], deq)
+            self._decode_w(fragW[0], wraw[0], wsc[0])
+            ktp = 1 if P == 1 else cutlass.min(P, num_kt - 1)
+            self._load_act(mActW, mAscH, rows_ld, kcs, kw, ktp, raw[0], rsc[0])
+            self._load_w(mWq, mWs, wblk, num_kt, tidx, ktp, wraw[0], wsc[0])
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.sync_threads()
+
+            for kt2 in cutlass.range(0, num_kt, 2, unroll=1):
+                for half in cutlass.range_constexpr(2):
+                    kt = kt2 + half
+                    stage = kt % S
+                    rs = (half + 1) % P          # register set holding k-tile kt+1 (kt2 is even)
+                    warpgroup.fence()
+                    for kb in cutlass.range_constexpr(TILE_K // 16):
+                        cute.gemm(tiled_mma, acc, fragA[half][None, None, kb], tCrB[None, None, kb, stage], acc)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(1)     # this warpgroup's k-tile kt-1 is done
+                    # k-tile kt+1 (raw bytes already in registers) -> stage (kt+1)%S, other fragment buffer;
+                    # past the end this decodes the last k-tile again into a stage nobody reads
+                    if cutlass.const_expr(self.skip_pad):
+                        # rows >= m only feed accumulator columns that are never stored: not decoded.  A tile
+                        # without padded rows takes the unpredicated path (one uniform branch per k-tile)
+                        if full:
+                            self._store_act(sA, (kt + 1) % S, rows, kcs, None, raw[rs], rsc[rs], deq)
+                        else:
+                            for i in cutlass.range_constexpr(self.chunks_a):
+                                if valid[i]:
+                                    self._store_act(sA, (kt + 1) % S, rows, kcs, None, raw[rs], rsc[rs], deq,
+                                                    only=i)
+                    else:
+                        self._store_act(sA, (kt + 1) % S, rows, kcs, valid, raw[rs], rsc[rs], deq)
+                    self._decode_w(fragW[1 - half], wraw[rs], wsc[rs])
+                    nxt = cutlass.min(kt + 1 + P, num_kt - 1)      # same parity as kt+1 when P = 2
+                    self._load_act(mActW, mAscH, rows_ld, kcs, kw, nxt, raw[rs], rsc[rs])
+                    self._load_w(mWq, mWs, wblk, num_kt, tidx, nxt, wraw[rs], wsc[rs])
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    cute.arch.sync_threads()
+            warpgroup.wait_group(0)
+
+            self._epilogue(p_la, p_lu, p_wc, p_bias, base, m, n, m0, n0, tidx, wg, acc)
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                c = tCcC[i]
+                if (m0 + c[1]) < m:
+                    mOut[m0 + c[1], n0 + c[0]] = acc[i].to(self.out_dtype)
+            # every warpgroup is past its last read of the stages before the next tile rewrites them
+            cute.arch.sync_threads()
+
+    @cute.kernel
+    def kernel_ws(self, p_act: cute.Pointer, p_asc: cute.Pointer, p_wgt: cute.Pointer, p_wsc: cute.Pointer,
+                  p_la: cute.Pointer, p_lu: cute.Pointer, p_wc: cute.Pointer, p_bias: cute.Pointer,
+                  p_out: cute.Pointer, m: cutlass.Int32, n: cutlass.Int32, k: cutlass.Int32):
+        """schedule "ws": warpgroup 0 decodes activation k-tiles into the SMEM stages (mbarrier ring: full[s]
+        gets 128 producer arrivals, empty[s] one arrival per MMA warp); warpgroups 1 and 2 decode their own
+        weight fragments, issue the wgmmas and run the epilogue.  Both sides walk the same persistent tile
+        sequence, so k-tile j of this CTA's i-th tile is ring slot (i·num_kt + j) mod stages."""
+        tm, tn, S = self.tm, self.tn, self.stages
+        tidx, _, _ = cute.arch.thread_idx()
+        bid, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        wg = cute.arch.make_warp_uniform(tidx // 128)
+
+        num_kt, kw, mActW, mAscH, mWq, mWs, mOut = self._gmem_views(p_act, p_asc, p_wgt, p_wsc, p_out, m, n, k)
+        smem = cutlass.utils.SmemAllocator()
+        base = smem.allocate(self.smem_bytes, byte_alignment=1024)
+        sA = self._stages(base)
+        bars = cute.recast_ptr(base + self.plan["bar_offset"], dtype=Int64)      # full[0..S), empty[0..S)
+        if tidx == 0:
+            for s in cutlass.range_constexpr(S):
+                cute.arch.mbarrier_init(bars + s, 128)
+                cute.arch.mbarrier_init(bars + S + s, 8)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        tiles_n = n // tn
+        tiles = ((m + (tm - 1)) // tm) * tiles_n
+        if wg == 0:
+            # ---- producer: raw activation bytes -> registers -> exact fp16 -> stage ------------------
+            cute.arch.setmaxregister_decrease(WS_PRODUCER_REGS)
+            P = self.prefetch
+            sets = [self._buffers(tidx) for _ in range(P)]
+            raw, rsc = [b[0] for b in sets], [b[1] for b in sets]
+            deq, rows, kcs = sets[0][2], sets[0][5], sets[0][6]
+            for tile in cutlass.range(bid, tiles, gdim, unroll=1):
+                m0 = (tile // tiles_n) * tm
+                valid = [(m0 + r) < m for r in rows]
+                rows_ld = [cutlass.min(m0 + r, m - 1) for r in rows]
+                full = (m0 + tm) <= m
+                g0 = (tile - bid) // gdim * num_kt
+                for t in cutlass.range_constexpr(P):
+                    self._load_act(mActW, mAscH, rows_ld, kcs, kw, t, raw[t], rsc[t])
+                for kt2 in cutlass.range(0, num_kt, 2, unroll=1):
+                    for half in cutlass.range_constexpr(2):
+                        kt = kt2 + half
+                        rs = half % P               # the register set holding k-tile kt
+                        g = g0 + kt
+                        stage = g % S
+                        cute.arch.mbarrier_wait(bars + S + stage, ((g // S) & 1) ^ 1)
+                        if cutlass.const_expr(self.skip_pad):
+                            if full:
+                                self._store_act(sA, stage, rows, kcs, None, raw[rs], rsc[rs], deq)
+                            else:
+                                for i in cutlass.range_constexpr(self.chunks_a):
+                                    if valid[i]:
+                                        self._store_act(sA, stage, rows, kcs, None, raw[rs], rsc[rs], deq, only=i)
+                        else:
+                            self._store_act(sA, stage, rows, kcs, valid, raw[rs], rsc[rs], deq)
+                        cute.arch.fence_proxy("async.shared", space="cta")
+                        cute.arch.mbarrier_arrive(bars + stage)
+                        nxt = cutlass.min(kt + P, num_kt - 1)
+                        self._load_act(mActW, mAscH, rows_ld, kcs, kw, nxt, raw[rs], rsc[rs])
+        else:
+            # ---- MMA warpgroups: weight fragments -> registers; wgmma; epilogue -------------------------
+            cute.arch.setmaxregister_increase(WS_CONSUMER_REGS)
+            ctid = tidx - 128
+            cwg = wg - 1
+            lane = tidx % 32
+            tiled_mma, tCrB, fragA, fragW, acc, tCcC = self._mma_parts(sA, ctid)
+            # two raw weight sets: k-tile j's bytes are loaded two k-tiles before they are decoded
+            wraw = [[cute.make_rmem_tensor((4,), Int32) for _ in range(self.atoms)] for _ in range(2)]
+            wsc = [[cute.make_rmem_tensor((2,), Int32) for _ in range(self.atoms)] for _ in range(2)]
+            for tile in cutlass.range(bid, tiles, gdim, unroll=1):
+                tm_i = tile // tiles_n
+                tn_i = tile - tm_i * tiles_n
+                m0 = tm_i * tm
+                n0 = tn_i * tn
+                wblk = [n0 // 64 + a * 2 + cwg for a in range(self.atoms)]
+                g0 = (tile - bid) // gdim * num_kt
+                acc.fill(0.0)
+                self._load_w(mWq, mWs, wblk, num_kt, ctid, 0, wraw[0], wsc[0])
+                self._load_w(mWq, mWs, wblk, num_kt, ctid, 1, wraw[1], wsc[1])
+                self._decode_w(fragW[0], wraw[0], wsc[0])
+                self._load_w(mWq, mWs, wblk, num_kt, ctid, cutlass.min(2, num_kt - 1), wraw[0], wsc[0])
+                for kt2 in cutlass.range(0, num_kt, 2, unroll=1):
+                    for half in cutlass.range_constexpr(2):
+                        kt = kt2 + half
+                        g = g0 + kt
+                        stage = g % S
+                        cute.arch.mbarrier_wait(bars + stage, (g // S) & 1)
+                        warpgroup.fence()
+                        for kb in cutlass.range_constexpr(TILE_K // 16):
+                            cute.gemm(tiled_mma, acc, fragA[half][None, None, kb], tCrB[None, None, kb, stage], acc)
+                        warpgroup.commit_group()
+                        warpgroup.wait_group(1)     # k-tile kt-1 is done: its stage goes back to the producer
+                        if cutlass.const_expr(half == 1):
+                            if lane == 0:
+                                cute.arch.mbarrier_arrive(bars + S + (g - 1) % S)
+                        else:
+                            if kt2 > 0:
+                                if lane == 0:
+                                    cute.arch.mbarrier_arrive(bars + S + (g - 1) % S)
+                        # k-tile kt+1 (raw set 1-half) -> fragments 1-half; then k-tile kt+3 into that set
+                        self._decode_w(fragW[1 - half], wraw[1 - half], wsc[1 - half])
+                        nxt = cutlass.min(kt + 3, num_kt - 1)
+                        self._load_w(mWq, mWs, wblk, num_kt, ctid, nxt, wraw[1 - half], wsc[1 - half])
+                warpgroup.wait_group(0)
+                if lane == 0:
+                    cute.arch.mbarrier_arrive(bars + S + (g0 + num_kt - 1) % S)
+                self._epilogue(p_la, p_lu, p_wc, p_bias, base, m, n, m0, n0, ctid, cwg, acc)
+                for i in cutlass.range_constexpr(cute.size(acc)):
+                    c = tCcC[i]
+                    if (m0 + c[1]) < m:
+                        mOut[m0 + c[1], n0 + c[0]] = acc[i].to(self.out_dtype)
+
+    def _epilogue(self, p_la, p_lu, p_wc, p_bias, base, m, n, m0, n0, tidx, wg, acc):
+        """acc *= 2^14·wcscale[n]; LoRA; + bias (the store, with its run-time predicate, stays in the kernel
+        body).  tidx: the thread's index among the 256 MMA threads, wg: its MMA warpgroup (0 or 1)."""
+        row0 = n0 + wg * 64 + (tidx % 128) // 32 * 16 + (tidx % 32) // 4
+        rows_out = [row0 + a * 128 + 8 * h for a in range(self.atoms) for h in range(2)]
+        nacc = cute.size(acc)
+        per_atom = nacc // self.atoms
+        coef = cute.make_rmem_tensor((2 * self.atoms,), Float32)
+        for i in range(2 * self.atoms):
+            if self.cfg.wcscale:
+                mWc = cute.make_tensor(p_wc, cute.make_layout((n,), stride=(1,)))
+                coef[i] = mWc[rows_out[i]] * Float32(_ACC_UNSCALE)
+            else:
+                coef[i] = Float32(_ACC_UNSCALE)
+        for i in range(nacc):
+            acc[i] = acc[i] * coef[(i // per_atom) * 2 + (i // 2) % 2]
+
+        if self.rank > 0:
+            self._lora(p_la, p_lu, base, m, n, m0, n0, tidx, acc)
+
+        if self.cfg.bias:
+            mB = cute.make_tensor(p_bias, cute.make_layout((n,), stride=(1,)))
+            bv = cute.make_rmem_tensor((2 * self.atoms,), Float32)
+            for i in range(2 * self.atoms):
+                bv[i] = mB[rows_out[i]]
+            for i in range(nacc):
+                acc[i] = acc[i] + bv[(i // per_atom) * 2 + (i // 2) % 2]
+
+    def _mma_sync(self):
+        """A barrier over the 256 MMA threads: the whole CTA (coop), or named barrier 1 (ws: the producer
+        warpgroup is not in it)."""
+        if self.ws:
+            cute.arch.barrier(barrier_id=1, number_of_threads=THREADS)
+        else:
+            cute.arch.sync_threads()
+
+    def _lora(self, p_la, p_lu, base, m, n, m0, n0, tidx, acc):
+        """acc[n, m] += Σ_r lora_up[n, r]·lora_act_in[m, r], in chunks of ``rc`` ranks through SMEM."""
+        tm, tn, R, rc = self.tm, self.tn, self.rank, self.rc
+        ldt = self.out_dtype
+        mLA = cute.make_tensor(p_la, cute.make_layout((m, R), stride=(R, 1)))
+        mLU = cute.make_tensor(p_lu, cute.make_layout((n, R), stride=(R, 1)))
+        lay_lu = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (tn, tm, rc), ldt, 1)
+        lay_la = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (tn, tm, rc), ldt, 1)
+        assert cute.cosize(lay_lu) * 2 <= self.plan["la_offset"] - self.plan["lu_offset"]
+        assert cute.cosize(lay_la) * 2 + self.plan["la_offset"] <= self.smem_bytes
+        sLU = cute.make_tensor(cute.recast_ptr(base + self.plan["lu_offset"], lay_lu.inner, dtype=ldt),
+                               lay_lu.outer)
+        sLA = cute.make_tensor(cute.recast_ptr(base + self.plan["la_offset"], lay_la.inner, dtype=ldt),
+                               lay_la.outer)
+        lmma = sm90_utils.make_trivial_tiled_mma(ldt, ldt, OperandMajorMode.K, OperandMajorMode.K, Float32,
+                                                 (2, 1, 1), (64, tm))
+        lmma.set(warpgroup.Field.ACCUMULATE, True)
+        thr = lmma.get_slice(tidx)
+        tLrA = lmma.make_fragment_A(thr.partition_A(sLU))
+        tLrB = lmma.make_fragment_B(thr.partition_B(sLA))
+        vpr = rc // 8                       # 16-byte vectors per row of a chunk
+        vbuf = cute.make_rmem_tensor((8,), ldt)
+        self._mma_sync()                    # coop: the main loop's stages are free; ws: the last chunk is read
+        for ch in range(R // rc):
+            for i in range(tn * vpr // THREADS):
+                v = tidx + i * THREADS
+                r = v // vpr
+                cv = v % vpr
+                cute.autovec_copy(cute.local_tile(mLU, (1, 8), (n0 + r, ch * vpr + cv)), vbuf)
+                cute.autovec_copy(vbuf, cute.local_tile(sLU[None, None, 0], (1, 8), (r, cv)))
+            for i in range(tm * vpr // THREADS):
+                v = tidx + i * THREADS
+                r = v // vpr
+                cv = v % vpr
+                cute.autovec_copy(cute.local_tile(mLA, (1, 8), (cutlass.min(m0 + r, m - 1), ch * vpr + cv)), vbuf)
+                ok = (m0 + r) < m
+                for e in range(8):
+                    vbuf[e] = cutlass.select_(ok, vbuf[e], ldt(0.0))
+                cute.autovec_copy(vbuf, cute.local_tile(sLA[None, None, 0], (1, 8), (r, cv)))
+            cute.arch.fence_proxy("async.shared", space="cta")
+            self._mma_sync()
+            warpgroup.fence()
+            for kb in range(rc // 16):
+                cute.gemm(lmma, acc, tLrA[None, None, kb, 0], tLrB[None, None, kb, 0], acc)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            self._mma_sync()
