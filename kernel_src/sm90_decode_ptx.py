@@ -1,7 +1,8 @@
-"""Inline PTX of the sm_90a GEMM: the exact E2M1 / E4M3 decodes into fp16x2 (build time only, CuTe-DSL)."""
+"""Inline PTX of the sm_90a GEMM: the exact E2M1 / E4M3 decodes into fp16x2, and the shared / distributed-shared
+fp32 moves of its split-K reduction (build time only, CuTe-DSL)."""
 from __future__ import annotations
 
-from cutlass import Int32
+from cutlass import Float32, Int32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
@@ -76,3 +77,25 @@ def _adecode(word, scale2, byte: int, *, loc=None, ip=None):
                 "shl.b32 b, y, 24;\n\tand.b32 b, b, 0x80000000;\n\tor.b32 a, a, b;\n\t"
                 "mul.rn.f16x2 $0, a, $2;\n\t}" % (8 * byte),
                 "=r,r,r")
+
+
+@dsl_user_op
+def _sts_v4f(saddr, a, b, c, d, *, loc=None, ip=None):
+    """st.shared.v4.f32 at the 32-bit shared address `saddr`."""
+    llvm.inline_asm(None, [Int32(saddr).ir_value()] + [Float32(x).ir_value() for x in (a, b, c, d)],
+                    "st.shared.v4.f32 [$0], {$1, $2, $3, $4};", "r,f,f,f,f", has_side_effects=True,
+                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
+def _ld_cluster_v4f(saddr, rank, *, loc=None, ip=None):
+    """Four fp32 at this CTA's shared address `saddr` as it lies in cluster CTA `rank` (mapa + ld.shared::cluster)."""
+    from cutlass._mlir import ir
+    st = ir.Type.parse("!llvm.struct<(f32,f32,f32,f32)>")
+    r = llvm.inline_asm(st, [Int32(saddr).ir_value(), Int32(rank).ir_value()],
+                        "{\n\t.reg .b32 ra;\n\tmapa.shared::cluster.u32 ra, $4, $5;\n\t"
+                        "ld.shared::cluster.v4.f32 {$0, $1, $2, $3}, [ra];\n\t}",
+                        "=f,=f,=f,=f,r,r", has_side_effects=True, is_align_stack=False,
+                        asm_dialect=llvm.AsmDialect.AD_ATT)
+    return [Float32(llvm.extractvalue(Float32.mlir_type, r, [i])) for i in range(4)]
+

@@ -59,7 +59,7 @@ def _smem_plan(cfg: _Cfg) -> dict[str, int]:
     main = cfg.stages * cfg.tile_m * TILE_K * 2
     lora = (cfg.tile_n + cfg.tile_m) * _lora_chunk(cfg.rank) * 2 if cfg.rank else 0
     la_in_chunk = cfg.tile_n * _lora_chunk(cfg.rank) * 2 if cfg.rank else 0
-    if cfg.schedule == "ws":
+    if is_ws(cfg):
         lora_at = (main + 1023) // 1024 * 1024
         bar_at = lora_at + (lora + 1023) // 1024 * 1024
         total = bar_at + 2 * cfg.stages * 8
@@ -86,26 +86,46 @@ def _problem(cfg: _Cfg) -> Optional[str]:
                 f"registers) do not fit the {WS_CONSUMER_REGS} registers of an MMA thread; ptxas serialises every "
                 f"wgmma instead (20 full waits for 20 HGMMA; measured 0.51-0.62x cuBLAS bf16 at M >= 4608 on the "
                 f"H200)")
-    if cfg.schedule == "ws" and acc > 64 and cfg.rank >= 128:
-        return (f"schedule ws with tile_m={cfg.tile_m} and rank {cfg.rank}: {acc} accumulator registers and the "
+    if is_ws(cfg) and acc > 64 and cfg.rank >= 128:
+        return (f"schedule {cfg.schedule} with tile_m={cfg.tile_m} and rank {cfg.rank}: {acc} accumulator registers and the "
                 f"LoRA epilogue do not fit the {WS_CONSUMER_REGS} registers of an MMA thread (measured: 8-40 byte "
                 f"stack frames at ranks 128 and 256)")
-    if cfg.schedule == "ws" and acc > 64 and cfg.prefetch > 1 and not cfg.skip_pad:
-        return (f"schedule ws with tile_m={cfg.tile_m}, prefetch {cfg.prefetch} and skip_pad off: the producer's two "
+    if is_ws(cfg) and acc > 64 and cfg.prefetch > 1 and not cfg.skip_pad:
+        return (f"schedule {cfg.schedule} with tile_m={cfg.tile_m}, prefetch {cfg.prefetch} and skip_pad off: the producer's two "
                 f"raw sets and the row predicates do not fit its {WS_PRODUCER_REGS} registers (measured: 56-byte "
                 f"stack frames)")
+    if ksplit_of(cfg) > 1 and acc > 64:
+        return (f"schedule {cfg.schedule} with tile_m={cfg.tile_m}: split K is for small M (the 128-row tile); "
+                f"at {acc} accumulator registers the reduction spills (measured: 8-byte stack frame)")
+    if ksplit_of(cfg) > 1 and cfg.stages * cfg.tile_m * TILE_K * 2 < THREADS * acc * 4:
+        return (f"schedule {cfg.schedule}: the split-K partial sums ({THREADS} MMA threads x {acc} fp32 = "
+                f"{THREADS * acc * 4} B) are exchanged through the activation stages, which hold only "
+                f"{cfg.stages * cfg.tile_m * TILE_K * 2} B at {cfg.stages} stages")
     if cfg.prefetch > 1 and acc > 64 and cfg.schedule == "coop":
         return (f"prefetch {cfg.prefetch} with tile_m={cfg.tile_m}: a second raw-byte register set on top of "
                 f"{acc} accumulator registers does not fit (measured: 8-byte stack frames at 255 registers for "
                 f"ranks 0, 64, 256)")
     plan = _smem_plan(cfg)
     if plan["total_bytes"] > SMEM_LIMIT_BYTES:
-        where = "separate LoRA chunk" if cfg.schedule == "ws" else "LoRA chunk"
+        where = "separate LoRA chunk" if is_ws(cfg) else "LoRA chunk"
         return (f"needs {plan['total_bytes']} B of dynamic SMEM (activation stages {plan['main_bytes']} B, "
                 f"{where} {plan['lora_bytes']} B), more than the {SMEM_LIMIT_BYTES} B of an sm_90 CTA")
     return None
 
 
+#: schedule -> (warp-specialised, CTAs of a cluster that split one tile's K).  ws_splitk<S>: one tile per cluster
+#: of S CTAs, each over K / S; ranks 1.. hand their partial sums to rank 0 through distributed SMEM
+SCHEDULES = {"coop": (False, 1), "ws": (True, 1), "ws_splitk2": (True, 2), "ws_splitk4": (True, 4)}
+
+
+def is_ws(cfg: _Cfg) -> bool:
+    return SCHEDULES[cfg.schedule][0]
+
+
+def ksplit_of(cfg: _Cfg) -> int:
+    return SCHEDULES[cfg.schedule][1]
+
+
 def threads_of(cfg: _Cfg) -> int:
-    """Threads per CTA: two warpgroups (coop), or a producer warpgroup and two MMA warpgroups (ws)."""
-    return WS_THREADS if cfg.schedule == "ws" else THREADS
+    """Threads per CTA: two warpgroups (coop), or a producer warpgroup and two MMA warpgroups (ws*)."""
+    return WS_THREADS if is_ws(cfg) else THREADS

@@ -42,8 +42,17 @@ Two schedules (knob ``schedule``) run that same arithmetic:
   chunk has SMEM of its own).  ``setmaxnreg`` gives the producer ``WS_PRODUCER_REGS`` and the
   MMA warps ``WS_CONSUMER_REGS`` out of the launch allocation of 384 x 168 registers.
 
+* ``ws_splitk2`` / ``ws_splitk4`` (128-row tile only; built and statically checked, not yet run on a GPU):
+  the ``ws`` kernel with one tile per cluster of 2 / 4 CTAs (grid = tiles x S, no persistence), CTA rank r
+  over k-tiles [r·K/S, (r+1)·K/S).  After the main loop the MMA warps of ranks 1.. store their fp32
+  partial sums into their own stages (idle by then), a cluster barrier (joined by every thread, producers
+  included) publishes them, rank 0 adds them one peer at a time through ``mapa`` + ``ld.shared::cluster``,
+  a second cluster barrier keeps the peers' SMEM alive until read, and rank 0 alone runs the epilogue.
+  For small M, where N / 128 tiles leave most SMs idle.
+
 Launch ABI: host args = the op's (9 pointers, m, n, k, sm_count, stream); kernel params =
-the 9 pointers and m, n, k.  block = (256, 1, 1) (ws: 384), dynamic SMEM = ``smem_bytes_for(knobs)``.
+the 9 pointers and m, n, k.  block = (256, 1, 1) (ws*: 384), cluster (S, 1, 1) for split K, dynamic SMEM =
+``smem_bytes_for(knobs)``.
 
 Preconditions (the loader enforces them): 16-byte aligned contiguous tensors, m >= 1,
 n % tile_n == 0, k % 128 == 0, element offsets < 2^31; weights in the sm90 fragment format.
@@ -61,16 +70,22 @@ try:
 except ImportError:  # older DSL
     from cutlass.utils import LayoutEnum
 
-from .sm90_decode_ptx import _adecode, _adecode_prmt, _bcast, _byte_form, _scales_x128, _wdecode
+from .sm90_decode_ptx import (_adecode, _adecode_prmt, _bcast, _byte_form, _ld_cluster_v4f, _scales_x128, _sts_v4f,
+                              _wdecode)
 from .sm90_plan import (TILE_K, THREADS, WS_CONSUMER_REGS, WS_PRODUCER_REGS, _Cfg, _lora_chunk, _problem,
-                        _smem_plan, threads_of)
+                        _smem_plan, is_ws, ksplit_of, threads_of)
 
 _OUT_DTYPES = {"fp16": Float16, "bf16": BFloat16}
 _ACC_UNSCALE = float(2 ** 14)
 
 
+def _k(first, j):
+    """The absolute k-tile of a CTA's j-th: j itself, or first + j under split K (trace time)."""
+    return j if first is None else first + j
+
+
 class _Sm90Wgmma:
-    KERNEL_METHODS = ("kernel", "kernel_ws")      # schedule coop / ws
+    KERNEL_METHODS = ("kernel", "kernel_ws")      # schedule coop / ws and ws_splitk*
 
     def __init__(self, cfg: _Cfg):
         reason = _problem(cfg)
@@ -84,8 +99,9 @@ class _Sm90Wgmma:
         self.out_dtype = _OUT_DTYPES[cfg.out_dtype]
         self.plan = _smem_plan(cfg)
         self.smem_bytes = self.plan["total_bytes"]
-        self.ws = cfg.schedule == "ws"
+        self.ws = is_ws(cfg)
         self.threads = threads_of(cfg)
+        self.ks = ksplit_of(cfg)                 # ws_splitk<S>: CTAs of a cluster that split one tile's K
         self.nthr_a = 128 if self.ws else THREADS                # threads that decode activations
         self.chunks_a = self.tm * (TILE_K // 32) // self.nthr_a  # 32-k activation chunks per such thread
         self.prefetch = cfg.prefetch
@@ -99,7 +115,12 @@ class _Sm90Wgmma:
                  sm_count: cutlass.Int32, stream: cuda.CUstream):
         tiles = ((m + (self.tm - 1)) // self.tm) * (n // self.tn)
         grid = cutlass.min(tiles, sm_count)
-        if cutlass.const_expr(self.ws):
+        if cutlass.const_expr(self.ws and self.ks > 1):
+            # split K: one tile per cluster of ksplit CTAs (no persistence: the reduction re-uses the stages)
+            self.kernel_ws(act, ascales, wgt, wscales, lora_act_in, lora_up, wcscale, bias, out, m, n, k).launch(
+                grid=[tiles * self.ks, 1, 1], block=[self.threads, 1, 1], cluster=[self.ks, 1, 1],
+                smem=self.smem_bytes, stream=stream, min_blocks_per_mp=1)
+        elif cutlass.const_expr(self.ws):
             # min_blocks_per_mp=1 caps the registers at entry (65536 / 384), which setmaxnreg needs
             self.kernel_ws(act, ascales, wgt, wscales, lora_act_in, lora_up, wcscale, bias, out, m, n, k).launch(
                 grid=[grid, 1, 1], block=[self.threads, 1, 1], smem=self.smem_bytes, stream=stream,
@@ -327,6 +348,14 @@ class _Sm90Wgmma:
 
         tiles_n = n // tn
         tiles = ((m + (tm - 1)) // tm) * tiles_n
+        KS = self.ks
+        t0, tstep, nk = bid, gdim, num_kt           # the tile walk and the k-tiles per tile of this CTA
+        kabs = None                                 # this CTA's first k-tile (split K)
+        if cutlass.const_expr(KS > 1):
+            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+            t0, tstep = bid // KS, gdim // KS
+            nk = cute.assume(num_kt // KS, divby=2)
+            kabs = rank * nk
         if wg == 0:
             # ---- producer: raw activation bytes -> registers -> exact fp16 -> stage ------------------
             cute.arch.setmaxregister_decrease(WS_PRODUCER_REGS)
@@ -334,15 +363,15 @@ class _Sm90Wgmma:
             sets = [self._buffers(tidx) for _ in range(P)]
             raw, rsc = [b[0] for b in sets], [b[1] for b in sets]
             deq, rows, kcs = sets[0][2], sets[0][5], sets[0][6]
-            for tile in cutlass.range(bid, tiles, gdim, unroll=1):
+            for tile in cutlass.range(t0, tiles, tstep, unroll=1):
                 m0 = (tile // tiles_n) * tm
                 valid = [(m0 + r) < m for r in rows]
                 rows_ld = [cutlass.min(m0 + r, m - 1) for r in rows]
                 full = (m0 + tm) <= m
-                g0 = (tile - bid) // gdim * num_kt
+                g0 = (tile - t0) // tstep * nk
                 for t in cutlass.range_constexpr(P):
-                    self._load_act(mActW, mAscH, rows_ld, kcs, kw, t, raw[t], rsc[t])
-                for kt2 in cutlass.range(0, num_kt, 2, unroll=1):
+                    self._load_act(mActW, mAscH, rows_ld, kcs, kw, _k(kabs, t), raw[t], rsc[t])
+                for kt2 in cutlass.range(0, nk, 2, unroll=1):
                     for half in cutlass.range_constexpr(2):
                         kt = kt2 + half
                         rs = half % P               # the register set holding k-tile kt
@@ -360,8 +389,14 @@ class _Sm90Wgmma:
                             self._store_act(sA, stage, rows, kcs, valid, raw[rs], rsc[rs], deq)
                         cute.arch.fence_proxy("async.shared", space="cta")
                         cute.arch.mbarrier_arrive(bars + stage)
-                        nxt = cutlass.min(kt + P, num_kt - 1)
-                        self._load_act(mActW, mAscH, rows_ld, kcs, kw, nxt, raw[rs], rsc[rs])
+                        nxt = cutlass.min(kt + P, nk - 1)
+                        self._load_act(mActW, mAscH, rows_ld, kcs, kw, _k(kabs, nxt), raw[rs], rsc[rs])
+            if cutlass.const_expr(KS > 1):
+                # the MMA warpgroups' two cluster barriers around the split-K reduction (every thread joins)
+                cute.arch.cluster_arrive()
+                cute.arch.cluster_wait()
+                cute.arch.cluster_arrive()
+                cute.arch.cluster_wait()
         else:
             # ---- MMA warpgroups: weight fragments -> registers; wgmma; epilogue -------------------------
             cute.arch.setmaxregister_increase(WS_CONSUMER_REGS)
@@ -372,19 +407,19 @@ class _Sm90Wgmma:
             # two raw weight sets: k-tile j's bytes are loaded two k-tiles before they are decoded
             wraw = [[cute.make_rmem_tensor((4,), Int32) for _ in range(self.atoms)] for _ in range(2)]
             wsc = [[cute.make_rmem_tensor((2,), Int32) for _ in range(self.atoms)] for _ in range(2)]
-            for tile in cutlass.range(bid, tiles, gdim, unroll=1):
+            for tile in cutlass.range(t0, tiles, tstep, unroll=1):
                 tm_i = tile // tiles_n
                 tn_i = tile - tm_i * tiles_n
                 m0 = tm_i * tm
                 n0 = tn_i * tn
                 wblk = [n0 // 64 + a * 2 + cwg for a in range(self.atoms)]
-                g0 = (tile - bid) // gdim * num_kt
+                g0 = (tile - t0) // tstep * nk
                 acc.fill(0.0)
-                self._load_w(mWq, mWs, wblk, num_kt, ctid, 0, wraw[0], wsc[0])
-                self._load_w(mWq, mWs, wblk, num_kt, ctid, 1, wraw[1], wsc[1])
+                self._load_w(mWq, mWs, wblk, num_kt, ctid, _k(kabs, 0), wraw[0], wsc[0])
+                self._load_w(mWq, mWs, wblk, num_kt, ctid, _k(kabs, 1), wraw[1], wsc[1])
                 self._decode_w(fragW[0], wraw[0], wsc[0])
-                self._load_w(mWq, mWs, wblk, num_kt, ctid, cutlass.min(2, num_kt - 1), wraw[0], wsc[0])
-                for kt2 in cutlass.range(0, num_kt, 2, unroll=1):
+                self._load_w(mWq, mWs, wblk, num_kt, ctid, _k(kabs, cutlass.min(2, nk - 1)), wraw[0], wsc[0])
+                for kt2 in cutlass.range(0, nk, 2, unroll=1):
                     for half in cutlass.range_constexpr(2):
                         kt = kt2 + half
                         g = g0 + kt
@@ -404,16 +439,43 @@ class _Sm90Wgmma:
                                     cute.arch.mbarrier_arrive(bars + S + (g - 1) % S)
                         # k-tile kt+1 (raw set 1-half) -> fragments 1-half; then k-tile kt+3 into that set
                         self._decode_w(fragW[1 - half], wraw[1 - half], wsc[1 - half])
-                        nxt = cutlass.min(kt + 3, num_kt - 1)
-                        self._load_w(mWq, mWs, wblk, num_kt, ctid, nxt, wraw[1 - half], wsc[1 - half])
+                        nxt = cutlass.min(kt + 3, nk - 1)
+                        self._load_w(mWq, mWs, wblk, num_kt, ctid, _k(kabs, nxt), wraw[1 - half], wsc[1 - half])
                 warpgroup.wait_group(0)
                 if lane == 0:
-                    cute.arch.mbarrier_arrive(bars + S + (g0 + num_kt - 1) % S)
-                self._epilogue(p_la, p_lu, p_wc, p_bias, base, m, n, m0, n0, ctid, cwg, acc)
-                for i in cutlass.range_constexpr(cute.size(acc)):
-                    c = tCcC[i]
-                    if (m0 + c[1]) < m:
-                        mOut[m0 + c[1], n0 + c[0]] = acc[i].to(self.out_dtype)
+                    cute.arch.mbarrier_arrive(bars + S + (g0 + nk - 1) % S)
+                if cutlass.const_expr(KS > 1):
+                    # split K: ranks 1.. leave their partial sums in their own (now idle) stages, rank 0 adds
+                    # them through distributed SMEM; a second cluster barrier keeps the partials alive until read
+                    red = base.toint()
+                    nacc = cute.size(acc)
+                    self._mma_sync()                          # both MMA warpgroups are past their last wgmma
+                    if rank != 0:
+                        for i in cutlass.range_constexpr(nacc // 4):
+                            _sts_v4f(red + (i * 256 + ctid) * 16, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2],
+                                     acc[4 * i + 3])
+                    cute.arch.cluster_arrive()
+                    cute.arch.cluster_wait()
+                    if rank == 0:
+                        for r in cutlass.range(1, KS, unroll=1):     # one peer at a time (registers)
+                            for i in cutlass.range_constexpr(nacc // 4):
+                                v = _ld_cluster_v4f(red + (i * 256 + ctid) * 16, r)
+                                for j in cutlass.range_constexpr(4):
+                                    acc[4 * i + j] = acc[4 * i + j] + v[j]
+                    cute.arch.cluster_arrive()
+                    cute.arch.cluster_wait()
+                    if rank == 0:
+                        self._epilogue(p_la, p_lu, p_wc, p_bias, base, m, n, m0, n0, ctid, cwg, acc)
+                        for i in cutlass.range_constexpr(cute.size(acc)):
+                            c = tCcC[i]
+                            if (m0 + c[1]) < m:
+                                mOut[m0 + c[1], n0 + c[0]] = acc[i].to(self.out_dtype)
+                else:
+                    self._epilogue(p_la, p_lu, p_wc, p_bias, base, m, n, m0, n0, ctid, cwg, acc)
+                    for i in cutlass.range_constexpr(cute.size(acc)):
+                        c = tCcC[i]
+                        if (m0 + c[1]) < m:
+                            mOut[m0 + c[1], n0 + c[0]] = acc[i].to(self.out_dtype)
 
     def _epilogue(self, p_la, p_lu, p_wc, p_bias, base, m, n, m0, n0, tidx, wg, acc):
         """acc *= 2^14·wcscale[n]; LoRA; + bias (the store, with its run-time predicate, stays in the kernel

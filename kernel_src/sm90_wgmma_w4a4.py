@@ -13,7 +13,7 @@ from cutlass import Float32, Uint8
 
 from .compiled_output import compile_named, cubin_resource_usage, placeholder_args
 from .sm90_plan import (DEFAULT_STAGES, DEFAULT_TILE, K_MULTIPLE, SMEM_LIMIT_BYTES, _cfg_of, _problem,
-                        _smem_plan, threads_of)
+                        _smem_plan, ksplit_of, threads_of)
 from .sm90_wgmma_kernel import _OUT_DTYPES, _Sm90Wgmma
 
 __all__ = [
@@ -47,7 +47,10 @@ TUNING: dict[str, tuple] = dict(
     # "coop": all 8 warps load, decode and issue wgmma, one CTA barrier per k-tile; "ws": warp-specialised,
     # one producer warpgroup decodes the activations into the SMEM stages (mbarrier full/empty ring) while two
     # consumer warpgroups decode their weight fragments and issue wgmma; setmaxnreg moves registers to them
-    schedule=("coop", "ws"),
+    # "ws_splitk2" / "ws_splitk4": ws with one tile per cluster of 2 / 4 CTAs that split K, the partial sums
+    # added through distributed SMEM (for small M, where N / 128 tiles leave most SMs idle).  Built and
+    # statically checked; not yet run on the H200 (configs/sm90_ws.yaml builds them for the next sweep)
+    schedule=("coop", "ws", "ws_splitk2", "ws_splitk4"),
 )
 FEATURE_VALUES: dict[str, tuple] = dict(
     out_dtype=("fp16", "bf16"),
@@ -66,11 +69,11 @@ FEATURE_VALUES: dict[str, tuple] = dict(
 _FORMS = [{"knob": "act_decode", "values": ["prmt", "shift"]}, {"knob": "skip_pad", "values": [True, False]}]
 SELECTION = [
     {"m_max": 256, "priority": 0, "prefer": [{"knob": "tile_m", "order": "asc"},
-                                              {"knob": "schedule", "values": ["ws", "coop"]},
+                                              {"knob": "schedule", "values": ["ws", "coop", "ws_splitk2", "ws_splitk4"]},
                                               {"knob": "stages", "order": "desc"},
                                               {"knob": "prefetch", "order": "desc"}] + _FORMS},
     {"m_max": None, "priority": 0, "prefer": [{"knob": "tile_m", "order": "desc"},
-                                               {"knob": "schedule", "values": ["coop", "ws"]},
+                                               {"knob": "schedule", "values": ["coop", "ws", "ws_splitk2", "ws_splitk4"]},
                                                {"knob": "stages", "order": "desc"},
                                                {"knob": "prefetch", "order": "asc"}] + _FORMS},
 ]
@@ -93,7 +96,7 @@ def config_axes(arch: str, section: dict) -> tuple[list[dict], list[str]]:
     """``variants.sm_90a.gemm_w4a4`` -> tuning-knob dicts; keys ``tiles`` ([[tile_m, tile_n, tile_k], ...]),
     ``stages`` ([auto | 3 | 4, ...]; auto = the deepest that fits), ``prefetch`` ([1 | 2, ...]; default [1])
     ``skip_pad`` ([false | true]; default [true]), ``act_decode`` ([shift | prmt]; default [prmt]) and
-    ``schedule`` ([coop | ws]; default [coop]): every combination of the listed values.
+    ``schedule`` ([coop | ws | ws_splitk2 | ws_splitk4]; default [coop]): every combination of the listed values.
 
     Or ``forms``: a list of such sections (a key a form leaves out takes its default), built as the union of
     each form's combinations -- one schedule for the small tile and another for the large one without building
@@ -184,7 +187,8 @@ def invalid_reason(arch: str, knobs: dict) -> Optional[str]:
 
 
 def requirements(arch: str, knobs: dict) -> dict:
-    return {"n_multiple": int(knobs["tile_n"]), "k_multiple": K_MULTIPLE}
+    """N: whole weight tiles; K: the k loop is unrolled by two, and split K gives each CTA whole pairs."""
+    return {"n_multiple": int(knobs["tile_n"]), "k_multiple": K_MULTIPLE * ksplit_of(_cfg_of(knobs))}
 
 
 def compile(arch: str, knobs: dict, name: str, dump_dir: str, *, keep_ptx: bool = False):

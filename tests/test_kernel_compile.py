@@ -100,6 +100,11 @@ def test_invalid_reason_accepts_every_rank_and_tile():
                 assert Variant.make("gemm_w4a4", ARCH, k).invalid_reason() is None, k
                 assert sm90.smem_bytes_for(k) <= sm90.SMEM_LIMIT_BYTES
                 assert sm90.threads_for(k) == 256
+            for sc, pf in (("ws_splitk2", 1), ("ws_splitk4", 2)):          # split K: the 128-row tile only
+                k = make_knobs(out_dtype=out_dtype, rank=rank, prefetch=pf, schedule=sc)
+                assert sm90.invalid_reason(ARCH, k) is None, k
+                assert sm90.threads_for(k) == 384
+                assert sm90.requirements(ARCH, k) == {"n_multiple": 128, "k_multiple": 128 * int(sc[-1])}
             for tm, pf, sp in ((128, 1, False), (128, 2, False), (128, 2, True), (256, 1, False), (256, 2, True)):
                 if tm == 256 and rank >= 128:
                     continue                        # ws 256-row tiles stop at rank 96 (below)
@@ -127,6 +132,8 @@ def test_ws_register_split_fits_the_launch_allocation():
     (dict(schedule="pingpong"), "schedule 'pingpong' not supported"),
     (dict(schedule="ws", tile_m=256, rank=128), "rank 128: 128 accumulator registers and the LoRA epilogue"),
     (dict(schedule="ws", tile_m=256, prefetch=2), "prefetch 2 and skip_pad off"),
+    (dict(schedule="ws_splitk2", tile_m=256), "split K is for small M"),
+    (dict(schedule="ws_splitk4", stages=3), "65536 B) are exchanged through the activation stages, which hold only 49152 B"),
     (dict(tile_k=128), "tile_k 128 not supported"),
     (dict(stages=2), "stages 2 not supported"),
     (dict(prefetch=3), "prefetch 3 not supported"),
@@ -256,6 +263,10 @@ COMPILE_CASES = [
     dict(out_dtype="fp16", rank=96, wcscale=True, bias=True, tile_m=256, prefetch=2, schedule="ws",
          skip_pad=True, act_decode="prmt"),
     dict(out_dtype="bf16", rank=256, wcscale=True, bias=False, prefetch=2, schedule="ws"),
+    # split K over clusters of 2 / 4 CTAs (built, not yet run on the H200)
+    dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, prefetch=2, skip_pad=True, act_decode="prmt",
+         schedule="ws_splitk4"),
+    dict(out_dtype="fp16", rank=96, wcscale=False, bias=True, schedule="ws_splitk2"),
 ]
 
 
@@ -303,7 +314,14 @@ def test_compile_produces_a_clean_sm90a_cubin(knobs, tmp_path):
     first = next(i for i, o in enumerate(ops) if o.startswith("HGMMA"))
     last = max(i for i, o in enumerate(ops) if o.startswith("HGMMA"))
     assert not [o for o in ops[first:last] if o.startswith("WARPGROUP")], "main-loop wgmmas serialised"
-    if k["schedule"] == "ws":
+    if k["schedule"].startswith("ws_splitk"):
+        # the two cluster barriers around the reduction, joined by the producer and the MMA warps; rank 0 reads
+        # each peer's 64 partial sums per thread as 16 128-bit distributed-SMEM loads
+        assert sass.count("UCGABAR_ARV") == 4 and sass.count("UCGABAR_WAIT") == 4
+        assert len(re.findall(r"\bLD\.E\.128\b", sass)) >= 16
+    else:
+        assert "UCGABAR" not in sass
+    if k["schedule"].startswith("ws"):
         from svdq_kernels import sm90_plan as fam
         assert f"USETMAXREG.DEALLOC.CTAPOOL {fam.WS_PRODUCER_REGS:#x}" in sass
         assert f"USETMAXREG.TRY_ALLOC.CTAPOOL UP0, {fam.WS_CONSUMER_REGS:#x}" in sass

@@ -320,7 +320,7 @@ def test_vm_refuses_wrong_arg_count():
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("schedule", ["coop", "ws"])
+@pytest.mark.parametrize("schedule", ["coop", "ws", "ws_splitk4"])
 def test_project_sm90_gemm_kernel_matches_dsl(tmp_path, schedule):
     from svdq_aot.host_ir import serialize_host
     from svdq_kernels import registry
@@ -360,11 +360,16 @@ def test_project_sm90_gemm_kernel_matches_dsl(tmp_path, schedule):
         # the documented launch: a persistent grid of min(tiles, sm_count) CTAs, 256 threads (ws: 384), the
         # planned SMEM
         assert vm.kernel == sym
-        assert vm.grid == (min(-(-m // 128) * (n // 128), sm_count), 1, 1)
-        assert vm.block == ((384 if schedule == "ws" else 256), 1, 1) == (fam.threads_for(knobs), 1, 1)
+        tiles = -(-m // 128) * (n // 128)
+        if schedule == "ws_splitk4":        # one tile per cluster of 4 CTAs, not persistent
+            assert vm.grid == (4 * tiles, 1, 1) and vm.cluster == (4, 1, 1)
+        else:
+            assert vm.grid == (min(tiles, sm_count), 1, 1)
+        assert vm.block == ((256 if schedule == "coop" else 384), 1, 1) == (fam.threads_for(knobs), 1, 1)
         assert vm.smem == ck.smem_bytes == fam.smem_bytes_for(knobs)
         assert vm.stream == args[-1]
-        assert vm.cluster is None
+        if schedule != "ws_splitk4":
+            assert vm.cluster is None
         assert not vm.printf
         # pointers and m, n, k passed straight through (sm_count is not a kernel parameter)
         assert vm.params[:9] == [p.to_bytes(8, "little") for p in ptrs]
@@ -375,4 +380,7 @@ def test_project_sm90_gemm_kernel_matches_dsl(tmp_path, schedule):
     # sm_count caps the grid and nothing else: 3 x 2 tiles -> 6 CTAs on a big GPU, 1 on a one-SM one
     base = [_ptr(rng) for _ in range(nptr)] + [300, 256, 128]
     big, one = prog.launch(base + [132, 0], sizes), prog.launch(base + [1, 0], sizes)
-    assert big.grid == (6, 1, 1) and one.grid == (1, 1, 1) and big.params == one.params
+    if schedule == "ws_splitk4":     # not persistent: the grid is 4 CTAs per tile, whatever the SM count
+        assert big.grid == one.grid == (24, 1, 1) and big.params == one.params
+    else:
+        assert big.grid == (6, 1, 1) and one.grid == (1, 1, 1) and big.params == one.params
