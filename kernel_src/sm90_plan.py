@@ -113,6 +113,20 @@ def _problem(cfg: _Cfg) -> Optional[str]:
     return None
 
 
+def ring_slot(g, stages: int):
+    """The ws ring's bookkeeping for a CTA's g-th k-tile (g counts across its tiles): (stage, parity).  The MMA
+    warps wait on full[stage] for `parity`, the producer on empty[stage] for `parity ^ 1` (a fresh mbarrier
+    passes a wait for parity 1, so the first pass over the ring does not block).  Plain operators: the kernel
+    calls it on DSL integers, tests/test_sm90_schedule.py on Python integers."""
+    return g % stages, (g // stages) & 1
+
+
+def split_k_share(rank, num_kt, ksplit: int):
+    """Split K: (first k-tile, k-tiles) of cluster rank `rank` when `ksplit` CTAs share a tile's `num_kt`."""
+    nk = num_kt // ksplit
+    return rank * nk, nk
+
+
 #: schedule -> (warp-specialised, CTAs of a cluster that split one tile's K).  ws_splitk<S>: one tile per cluster
 #: of S CTAs, each over K / S; ranks 1.. hand their partial sums to rank 0 through distributed SMEM
 SCHEDULES = {"coop": (False, 1), "ws": (True, 1), "ws_splitk2": (True, 2), "ws_splitk4": (True, 4)}

@@ -73,7 +73,7 @@ except ImportError:  # older DSL
 from .sm90_decode_ptx import (_adecode, _adecode_prmt, _bcast, _byte_form, _ld_cluster_v4f, _scales_x128, _sts_v4f,
                               _wdecode)
 from .sm90_plan import (TILE_K, THREADS, WS_CONSUMER_REGS, WS_PRODUCER_REGS, _Cfg, _lora_chunk, _problem,
-                        _smem_plan, is_ws, ksplit_of, threads_of)
+                        _smem_plan, is_ws, ksplit_of, ring_slot, split_k_share, threads_of)
 
 _OUT_DTYPES = {"fp16": Float16, "bf16": BFloat16}
 _ACC_UNSCALE = float(2 ** 14)
@@ -354,8 +354,8 @@ class _Sm90Wgmma:
         if cutlass.const_expr(KS > 1):
             rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
             t0, tstep = bid // KS, gdim // KS
-            nk = cute.assume(num_kt // KS, divby=2)
-            kabs = rank * nk
+            kabs, nk = split_k_share(rank, num_kt, KS)
+            nk = cute.assume(nk, divby=2)
         if wg == 0:
             # ---- producer: raw activation bytes -> registers -> exact fp16 -> stage ------------------
             cute.arch.setmaxregister_decrease(WS_PRODUCER_REGS)
@@ -376,8 +376,8 @@ class _Sm90Wgmma:
                         kt = kt2 + half
                         rs = half % P               # the register set holding k-tile kt
                         g = g0 + kt
-                        stage = g % S
-                        cute.arch.mbarrier_wait(bars + S + stage, ((g // S) & 1) ^ 1)
+                        stage, par = ring_slot(g, S)
+                        cute.arch.mbarrier_wait(bars + S + stage, par ^ 1)
                         if cutlass.const_expr(self.skip_pad):
                             if full:
                                 self._store_act(sA, stage, rows, kcs, None, raw[rs], rsc[rs], deq)
@@ -423,8 +423,8 @@ class _Sm90Wgmma:
                     for half in cutlass.range_constexpr(2):
                         kt = kt2 + half
                         g = g0 + kt
-                        stage = g % S
-                        cute.arch.mbarrier_wait(bars + stage, (g // S) & 1)
+                        stage, par = ring_slot(g, S)
+                        cute.arch.mbarrier_wait(bars + stage, par)
                         warpgroup.fence()
                         for kb in cutlass.range_constexpr(TILE_K // 16):
                             cute.gemm(tiled_mma, acc, fragA[half][None, None, kb], tCrB[None, None, kb, stage], acc)
