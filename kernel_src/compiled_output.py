@@ -75,3 +75,24 @@ def compile_named(kernel_cls: Any, instance: Any, args: tuple, name: str, arch: 
         if "cutlass" in sym.lower() or not sym.startswith(name):
             raise RuntimeError(f"unexpected kernel symbol {sym!r} (must start {name!r}, no 'cutlass')")
     return compiled, cubin, symbols
+
+
+def compile_kernel(kernel_cls: Any, instance: Any, spec: Any, ptr_dtypes: dict[str, Any], default_ptr_dtype: Any,
+                   name: str, arch: str, dump_dir: str, smem_bytes: Any, *, keep_ptx: bool = False):
+    """The body every family's ``compile`` shares: placeholder arguments of `spec`'s host function, trace and
+    cross-compile `instance` (`compile_named`), and the `CompiledKernel` with registers and stack frames read
+    off the cubin.  `smem_bytes`: the dynamic SMEM the host function requests, or a function of `instance`
+    for what the DSL only knows after tracing."""
+    from svdq_aot.family import CompiledKernel
+
+    args = placeholder_args(spec, ptr_dtypes, default_ptr_dtype)
+    compiled, cubin, symbols = compile_named(kernel_cls, instance, args, name, arch, dump_dir, keep_ptx=keep_ptx)
+    smem = smem_bytes(instance) if callable(smem_bytes) else smem_bytes
+    return CompiledKernel(cubin=cubin, compiled=compiled, entry=compiled.function_name, kernel_symbols=symbols,
+                          smem_bytes=int(smem), resource_usage=cubin_resource_usage(cubin))
+
+
+def refuse_invalid(name: str, reason: str | None) -> None:
+    """A family's ``compile`` refuses a variant its validity predicate rejects, before any tracing."""
+    if reason:
+        raise ValueError(f"cannot compile {name}: {reason}")

@@ -86,7 +86,7 @@ from cutlass import BFloat16, Float16, Float32, Int32, Int64, Uint8
 from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm
 
-from .compiled_output import compile_named, cubin_resource_usage, placeholder_args
+from .compiled_output import compile_kernel, cubin_resource_usage, refuse_invalid
 
 __all__ = [
     "OP", "ARCHS", "NAME", "TUNING", "FEATURE_VALUES", "STEP_K", "SELECTION",
@@ -232,7 +232,6 @@ def threads_for(knobs: dict) -> int:
 # are the two halves of the same 32-byte sectors, which no_allocate made L2 send twice.
 _CP_CACHE = "ca"
 _X_HINT = ""
-_X_L1 = ""              # the previous form: ".L1::no_allocate"
 
 
 def _asm(ptx: str, outs: tuple, ins: list, cons: str, side: bool = False):
@@ -250,7 +249,7 @@ def _asm(ptx: str, outs: tuple, ins: list, cons: str, side: bool = False):
 
 
 def _ld_v4(addr, side=False):
-    return _asm(f"ld.global.nc{_X_L1}{_X_HINT}.v4.u32 {{$0, $1, $2, $3}}, [$4];",
+    return _asm(f"ld.global.nc{_X_HINT}.v4.u32 {{$0, $1, $2, $3}}, [$4];",
                 (Int32, Int32, Int32, Int32), [addr], "=r,=r,=r,=r,l", side)
 
 
@@ -868,20 +867,14 @@ def requirements(arch: str, knobs: dict) -> dict:
 
 def compile(arch: str, knobs: dict, name: str, dump_dir: str, *, keep_ptx: bool = False):
     """Trace and cross-compile one variant for `arch` (no GPU needed); kernel symbol ``<name>_0``."""
-    from svdq_aot.family import CompiledKernel
-
-    reason = invalid_reason(arch, knobs)
-    if reason:
-        raise ValueError(f"cannot compile {name}: {reason}")
+    refuse_invalid(name, invalid_reason(arch, knobs))
     cfg = _cfg_of(knobs)
     op = _QuantizeAct(cfg)
     from svdq_loader.ops import QUANTIZE_ACT
-    args = placeholder_args(QUANTIZE_ACT, dict(act=Uint8, ascales=Uint8), _DT[cfg.dtype])
-    compiled, cubin, symbols = compile_named(_QuantizeAct, op, args, name, arch, dump_dir, keep_ptx=keep_ptx)
-    ck = CompiledKernel(cubin=cubin, compiled=compiled, entry=compiled.function_name, kernel_symbols=symbols,
-                        smem_bytes=op.smem_bytes, resource_usage=cubin_resource_usage(cubin))
+    ck = compile_kernel(_QuantizeAct, op, QUANTIZE_ACT, dict(act=Uint8, ascales=Uint8), _DT[cfg.dtype], name, arch,
+                        dump_dir, op.smem_bytes, keep_ptx=keep_ptx)
     if keep_ptx:
-        ck.ptx = _read_ptx(compiled, dump_dir)
+        ck.ptx = _read_ptx(ck.compiled, dump_dir)
     return ck
 
 

@@ -53,7 +53,7 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from . import sm100_plan as plan
 from .gemm_features import GemmFeatures, gemm_feature_values
-from .compiled_output import compile_named, cubin_resource_usage, placeholder_args
+from .compiled_output import compile_kernel, refuse_invalid
 
 __all__ = [
     "OP", "ARCHS", "NAME", "TUNING", "FEATURE_VALUES",
@@ -784,19 +784,11 @@ def requirements(arch: str, knobs: dict) -> dict:
 
 def compile(arch: str, knobs: dict, name: str, dump_dir: str, *, keep_ptx: bool = False):
     """Trace and cross-compile one variant for `arch` (no GPU needed); kernel symbol ``<name>_0``."""
-    from svdq_aot.family import CompiledKernel
-
-    reason = invalid_reason(arch, knobs)
-    if reason:
-        raise ValueError(f"cannot compile {name}: {reason}")
+    refuse_invalid(name, invalid_reason(arch, knobs))
     cfg = _cfg_of(knobs)
     gemm = _Sm100W4A4(cfg)
     from svdq_loader.ops import GEMM_W4A4
-    args = placeholder_args(GEMM_W4A4, dict(act=_AB, ascales=_SF, wgt=_AB, wscales=_SF, wcscale=Float32,
-                                            bias=Float32), _OUT_DTYPES[cfg.out_dtype])
-    compiled, cubin, symbols = compile_named(_Sm100W4A4, gemm, args, name, arch, dump_dir, keep_ptx=keep_ptx)
-    smem = gemm.shared_storage.size_in_bytes()
-    return CompiledKernel(
-        cubin=cubin, compiled=compiled, entry=compiled.function_name, kernel_symbols=symbols,
-        smem_bytes=smem, resource_usage=cubin_resource_usage(cubin),
-    )
+    return compile_kernel(_Sm100W4A4, gemm, GEMM_W4A4, dict(act=_AB, ascales=_SF, wgt=_AB, wscales=_SF,
+                                                            wcscale=Float32, bias=Float32),
+                          _OUT_DTYPES[cfg.out_dtype], name, arch, dump_dir,
+                          lambda g: g.shared_storage.size_in_bytes(), keep_ptx=keep_ptx)

@@ -19,7 +19,7 @@ WS_THREADS = 384                 # ws: producer warpgroup 0 + consumer warpgroup
 #: setmaxnreg only moves registers inside the CTA's launch allocation: the kernel starts at 168 registers
 #: (65536 / 384, rounded down to 8), so 128 x producer + 256 x consumer must stay <= 384 x 168.  More and
 #: the consumers' setmaxnreg.inc waits forever (a hang, seen on the H200 with 80 / 216).
-WS_ENTRY_REGS = 168
+WS_ENTRY_REGS = 65536 // WS_THREADS // 8 * 8          # 168
 WS_CONSUMER_REGS = 216
 WS_PRODUCER_REGS = (WS_THREADS * WS_ENTRY_REGS - 256 * WS_CONSUMER_REGS) // 128 // 8 * 8
 assert 128 * WS_PRODUCER_REGS + 256 * WS_CONSUMER_REGS <= WS_THREADS * WS_ENTRY_REGS

@@ -11,7 +11,7 @@ from typing import Optional
 
 from cutlass import Float32, Uint8
 
-from .compiled_output import compile_named, cubin_resource_usage, placeholder_args
+from .compiled_output import compile_kernel, cubin_resource_usage, refuse_invalid
 from .sm90_plan import (DEFAULT_STAGES, DEFAULT_TILE, K_MULTIPLE, SMEM_LIMIT_BYTES, _cfg_of, _problem,
                         _smem_plan, ksplit_of, threads_of)
 from .sm90_wgmma_kernel import _OUT_DTYPES, _Sm90Wgmma
@@ -192,23 +192,17 @@ def requirements(arch: str, knobs: dict) -> dict:
 
 
 def compile(arch: str, knobs: dict, name: str, dump_dir: str, *, keep_ptx: bool = False):
-    from svdq_aot.family import CompiledKernel
-
-    reason = invalid_reason(arch, knobs)
-    if reason:
-        raise ValueError(f"cannot compile {name}: {reason}")
+    refuse_invalid(name, invalid_reason(arch, knobs))
     cfg = _cfg_of(knobs)
     gemm = _Sm90Wgmma(cfg)
     from svdq_loader.ops import GEMM_W4A4
-    args = placeholder_args(GEMM_W4A4, dict(act=Uint8, ascales=Uint8, wgt=Uint8, wscales=Uint8, wcscale=Float32,
-                                            bias=Float32), _OUT_DTYPES[cfg.out_dtype])
-    compiled, cubin, symbols = compile_named(_Sm90Wgmma, gemm, args, name, arch, dump_dir, keep_ptx=True)
-    usage = cubin_resource_usage(cubin)
-    problem = static_problem(_read_ptx(dump_dir, compiled.function_name, arch, keep_ptx), usage)
+    ck = compile_kernel(_Sm90Wgmma, gemm, GEMM_W4A4, dict(act=Uint8, ascales=Uint8, wgt=Uint8, wscales=Uint8,
+                                                          wcscale=Float32, bias=Float32),
+                        _OUT_DTYPES[cfg.out_dtype], name, arch, dump_dir, gemm.smem_bytes, keep_ptx=True)
+    problem = static_problem(_read_ptx(dump_dir, ck.entry, arch, keep_ptx), ck.resource_usage)
     if problem:
         raise RuntimeError(f"{name}: {problem}")
-    return CompiledKernel(cubin=cubin, compiled=compiled, entry=compiled.function_name, kernel_symbols=symbols,
-                          smem_bytes=gemm.smem_bytes, resource_usage=usage)
+    return ck
 
 
 def _read_ptx(dump_dir: str, entry: str, arch: str, keep: bool) -> str:
