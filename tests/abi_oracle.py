@@ -352,3 +352,25 @@ def build(name: str, arch: str = "sm_90a") -> Built:
     b = Built(name, module, compiled, cubin, doc)
     _BUILT[key] = b
     return b
+
+
+def random_launch_args(rng, spec, req, *, ms, m_hi, nk_hi, sm_counts, null_rate=0.1) -> list:
+    """A random argument list for `spec`'s host function (the op spec's order), for the launch-byte checks:
+    16-byte aligned pointers (null with probability `null_rate`), a null or random stream, M from `ms` or
+    below `m_hi`, N and K whole multiples of `req` (below `nk_hi` of them), sm_count from `sm_counts`, and
+    0 / 1 for any other integer (feature switches)."""
+    out = []
+    for a, kind in spec.host_args:
+        if kind == "ptr":
+            out.append(0 if rng.random() < null_rate else rng.randrange(1 << 32, 1 << 47) & ~15)
+        elif kind == "stream":
+            out.append(rng.choice([0, rng.randrange(1 << 20, 1 << 47)]))
+        elif a == "m":
+            out.append(rng.choice(list(ms) + [rng.randrange(1, m_hi)]))
+        elif a in ("n", "k"):
+            out.append(req[f"{a}_multiple"] * rng.randrange(1, nk_hi))
+        elif a == "sm_count":
+            out.append(rng.choice(sm_counts))
+        else:
+            out.append(rng.randrange(0, 2))
+    return out

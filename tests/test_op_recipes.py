@@ -65,22 +65,8 @@ def _built(case):
 
 
 def _random_args(op, req, rng):
-    spec = op_spec(op)
-    out = []
-    for a, kind in spec.host_args:
-        if kind == "ptr":
-            out.append(0 if rng.random() < 0.15 else rng.randrange(1 << 32, 1 << 47) & ~15)
-        elif kind == "stream":
-            out.append(rng.choice([0, rng.randrange(1 << 20, 1 << 47)]))
-        elif a == "m":
-            out.append(rng.choice([1, 77, 128, 129, 4592, 4608, rng.randrange(1, 1 << 16)]))
-        elif a in ("n", "k"):
-            out.append(req[f"{a}_multiple"] * rng.randrange(1, 400))
-        elif a == "sm_count":
-            out.append(rng.choice([78, 114, 132, 148]))
-        else:
-            out.append(rng.randrange(0, 2))
-    return out
+    return O.random_launch_args(rng, op_spec(op), req, ms=[1, 77, 128, 129, 4592, 4608], m_hi=1 << 16, nk_hi=400,
+                                sm_counts=[78, 114, 132, 148], null_rate=0.15)
 
 
 #: cases whose launch a recipe cannot express, so the loader interprets the host program (per-shape cached)

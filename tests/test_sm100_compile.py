@@ -130,19 +130,8 @@ def test_family_contract_and_registry():
 
 
 def _random_args(rng, req):
-    out = []
-    for a, kind in GEMM_W4A4.host_args:
-        if kind == "ptr":
-            out.append(0 if rng.random() < 0.1 else rng.randrange(1 << 32, 1 << 47) & ~15)
-        elif kind == "stream":
-            out.append(rng.choice([0, rng.randrange(1 << 20, 1 << 47)]))
-        elif a == "m":
-            out.append(rng.choice([1, 77, 128, 129, 255, 257, 4592, 4608, rng.randrange(1, 1 << 15)]))
-        elif a in ("n", "k"):
-            out.append(req[f"{a}_multiple"] * rng.randrange(1, 120))
-        elif a == "sm_count":
-            out.append(rng.choice([1, 2, 7, 78, 114, 132, 148, 160]))
-    return out
+    return O.random_launch_args(rng, GEMM_W4A4, req, ms=[1, 77, 128, 129, 255, 257, 4592, 4608], m_hi=1 << 15,
+                                nk_hi=120, sm_counts=[1, 2, 7, 78, 114, 132, 148, 160])
 
 
 @pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[4]], ids=[_id(c) for c in (CASES[0], CASES[2], CASES[4])])
