@@ -421,10 +421,12 @@ def package(artifacts: Path, out: Path, name: str | None, version: str, as_json:
 @click.option("--bias/--no-bias", default=True, show_default=True, help="gemm_w4a4: bias")
 @click.option("--arch", default=None, help="target arch (default: the one the artifacts build the op for)")
 @click.option("--gpu", default=None, help="GPU model to explain for (default: the tuning table's, if any)")
+@click.option("--sms", type=click.IntRange(1, 4096), default=None,
+              help="SM count the grid-fill ranking assumes (default 132: H100 / H200 SXM)")
 @click.option("--no-tuning", is_flag=True, help="ignore the tuning table: the rules alone")
 @click.option("--json", "as_json", is_flag=True, help="print the explanation as JSON")
 def select(directory: Path, op: str, m: int, n, k: int, rank: int, dtype: str, wcscale: bool, bias: bool,
-           arch, gpu, no_tuning: bool, as_json: bool) -> None:
+           arch, gpu, sms, no_tuning: bool, as_json: bool) -> None:
     """Which variant the loader picks for a problem, why, and why every other candidate is out (no GPU).
 
     With a tuning table in DIR, the choice on the table's GPU model comes from it (and says so);
@@ -436,7 +438,8 @@ def select(directory: Path, op: str, m: int, n, k: int, rank: int, dtype: str, w
         lib = svdq_loader.load(directory, tuning=not no_tuning)
         spec = op_spec(op)
         dims = {d: v for d, v in (("m", m), ("n", n), ("k", k)) if d in spec.dims and v is not None}
-        ex = lib.explain(op, arch, gpu=gpu, dtype=dtype, rank=rank, wcscale=wcscale, bias=bias, **dims)
+        ex = lib.explain(op, arch, gpu=gpu, sm_count=sms, dtype=dtype, rank=rank, wcscale=wcscale, bias=bias,
+                         **dims)
     except UnsupportedProblem as e:
         ex = getattr(e, "explanation", None)
         if ex is None:

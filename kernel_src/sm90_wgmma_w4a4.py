@@ -48,8 +48,8 @@ TUNING: dict[str, tuple] = dict(
     # one producer warpgroup decodes the activations into the SMEM stages (mbarrier full/empty ring) while two
     # consumer warpgroups decode their weight fragments and issue wgmma; setmaxnreg moves registers to them
     # "ws_splitk2" / "ws_splitk4": ws with one tile per cluster of 2 / 4 CTAs that split K, the partial sums
-    # added through distributed SMEM (for small M, where N / 128 tiles leave most SMs idle).  Built and
-    # statically checked; not yet run on the H200 (configs/sm90_ws.yaml builds them for the next sweep)
+    # added through distributed SMEM (for small M, where N / 128 tiles leave most SMs idle; up to 2.9x faster
+    # there on the H200, docs/PERF.md session 5)
     schedule=("coop", "ws", "ws_splitk2", "ws_splitk4"),
 )
 FEATURE_VALUES: dict[str, tuple] = dict(
@@ -60,22 +60,30 @@ FEATURE_VALUES: dict[str, tuple] = dict(
     scale_layout=("logical",),
 )
 
-#: Selection rule (svdq_loader.select_rules): up to M = 256 the 128-row tile (fewer padded rows, more
-#: CTAs), above it the 256-row tile; then the faster forms (act_decode prmt, skip_pad on; the H200 sweep
-#: of tools/sm90_sweep.py in docs/PERF.md measured both at M = 16 ... 4608).  Up to M = 256 the
-#: warp-specialised form with two raw register sets is 12-21 % faster than coop with one set (5-13 % than
-#: coop with two; same sweep); above it the two schedules tie (within +-4 %), and the longer-proven coop
-#: form is preferred.
+#: Selection rule (svdq_loader.select_rules).  First a grid-fill estimate on the device's SMs (one CTA per SM
+#: for every form: 256-384 threads at up to 255 / 216 registers), fitted to the H200 sweep of session 5 in
+#: docs/PERF.md (tools/sm90_sweep.py, M = 16 ... 1024, the three FLUX (K, N) of configs/sm90_ws.yaml): per
+#: 64-k step a 256-row tile costs 0.86 x twice a 128-row one (0.85-0.87 measured at M = 256 and 1024), and
+#: splitting K over 2 / 4 CTAs of a cluster costs about 7 / 11 extra k-steps (the reduction and a second
+#: pipeline fill: t = 0.51 us x k-steps + 4.7 / 8.1 / 10.5 us for 1 / 2 / 4 CTAs at M = 16, N = 3072).
+#: With those constants it picks the fastest form at every one of the 12 measured shapes.  Ties (equal
+#: estimates: many waves, or the same tile) go to the M bucket's order: the 128-row tile up to M = 256, the
+#: 256-row one above; then the warp-specialised form with two raw register sets (12-21 % faster than coop
+#: with one set at the 128-row tile; at the 256-row tile the schedules tie within +-4 %, and
+#: configs/flux.yaml builds coop there); then the faster decode forms (act_decode prmt, skip_pad on).
+_FILL = {"fill": {"tile": ["tile_m", "tile_n", "tile_k"], "ctas_per_sm": 1,
+                  "factor": {"knob": "tile_m", "values": [[256, 0.86]]},
+                  "split": {"knob": "schedule", "values": [["ws_splitk2", 2, 7], ["ws_splitk4", 4, 11]]}}}
 _FORMS = [{"knob": "act_decode", "values": ["prmt", "shift"]}, {"knob": "skip_pad", "values": [True, False]}]
 SELECTION = [
-    {"m_max": 256, "priority": 0, "prefer": [{"knob": "tile_m", "order": "asc"},
+    {"m_max": 256, "priority": 0, "prefer": [_FILL, {"knob": "tile_m", "order": "asc"},
                                               {"knob": "schedule", "values": ["ws", "coop", "ws_splitk2", "ws_splitk4"]},
                                               {"knob": "stages", "order": "desc"},
                                               {"knob": "prefetch", "order": "desc"}] + _FORMS},
-    {"m_max": None, "priority": 0, "prefer": [{"knob": "tile_m", "order": "desc"},
-                                               {"knob": "schedule", "values": ["coop", "ws", "ws_splitk2", "ws_splitk4"]},
+    {"m_max": None, "priority": 0, "prefer": [_FILL, {"knob": "tile_m", "order": "desc"},
+                                               {"knob": "schedule", "values": ["ws", "coop", "ws_splitk2", "ws_splitk4"]},
                                                {"knob": "stages", "order": "desc"},
-                                               {"knob": "prefetch", "order": "asc"}] + _FORMS},
+                                               {"knob": "prefetch", "order": "desc"}] + _FORMS},
 ]
 
 

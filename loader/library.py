@@ -36,6 +36,7 @@ _SM_COUNT = 16  # CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
 _GEMM_SMS = gemm_op.SM_COUNT_INDEX
 _GEMM_STREAM = gemm_op.STREAM_INDEX
 _QUANT_STREAM = quant_op.STREAM_INDEX
+_QUANT_KSPLIT = quant_op.KSPLIT_INDEX
 try:  # the class of a plain tensor, for the hot path's device lookup (torch is optional at import)
     from torch import Tensor as _Tensor
 except ImportError:  # pragma: no cover
@@ -66,7 +67,7 @@ class Library:
         return [v.entry for v in self._verified.values()]
 
     def explain(self, op: str, arch: str | None = None, features: tuple | None = None, *, gpu=None,
-                **kw) -> select.Explanation:
+                sm_count: int | None = None, **kw) -> select.Explanation:
         """Why selection picks what it picks for a problem: `select.Explanation` (`.chosen`, `.why`,
         `.rejected`, `.text()`, `.to_dict()`); no CUDA call.
 
@@ -77,7 +78,8 @@ class Library:
         ``dtype``, ``rank``, ``wcscale``, ``bias`` name them (defaults bf16, 0, True, True).
         `gpu`: the GPU model to explain for when a tuning table is present (a name, a
         `tuning_table.GpuId`, or ``lib.device_gpu(ordinal)``); None assumes the table's own GPU and
-        says so.  ``.source`` says whether the rules or the tuning table chose.
+        says so.  ``.source`` says whether the rules or the tuning table chose.  `sm_count`: the SMs the
+        grid-fill preferences assume (default: `gpu`'s, else `select.DEFAULT_SM_COUNT`, said in ``.why``).
         When no variant fits it raises UnsupportedProblem, whose ``.explanation`` holds the same record.
         """
         arch = arch or self.default_arch(op)
@@ -87,7 +89,8 @@ class Library:
             p = select.Problem(op, arch, tuple(features), tuple(kw.items()))
         if isinstance(gpu, str):
             gpu = tuning_table.GpuId(gpu)
-        ex = select.explain(self.variants, self.rules, p, self._hit(p, gpu, notice=False))
+        sms = sm_count if sm_count is not None else getattr(gpu, "sm_count", None)
+        ex = select.explain(self.variants, self.rules, p, self._hit(p, gpu, notice=False), sm_count=sms)
         if ex.chosen is None:
             err = select.UnsupportedProblem(ex.error)
             err.explanation = ex
@@ -208,7 +211,8 @@ class Library:
         """A (problem, device) the call cache has not seen: select, load if needed, remember."""
         arch = self._device_arch(ordinal)
         p = select.Problem(op, arch, features, dims)
-        entry = select.choose(self.variants, p, self.rules, self._hit(p, None, ordinal=ordinal))
+        entry = select.choose(self.variants, p, self.rules, self._hit(p, None, ordinal=ordinal),
+                              sm_count=self._sms[ordinal])
         ln = self._launcher(entry.name, ordinal, capturing)
         if len(self._choice) > 65536:
             self._choice.clear()
@@ -271,13 +275,14 @@ class Library:
         if fast is None:
             call = quant_op.plan_call(arch, x, smooth=smooth, lora_down=lora_down, out_act=out_act,
                                       out_scales=out_scales, out_lora=out_lora)
-            values = dict(call.pointers, m=call.m, k=call.k, use_smooth=call.use_smooth, stream=0)
+            values = dict(call.pointers, m=call.m, k=call.k, use_smooth=call.use_smooth, ksplit=1, stream=0)
             fast = (call.features, (("m", call.m), ("k", call.k)), call.outputs,
                     [values[a] for a in self._arg_order["quantize_act"]])
         feats, dims, outputs, args = fast
         ln = self._choice.get(("quantize_act", ordinal, feats, dims))
         if ln is None:
             ln = self._resolve("quantize_act", ordinal, feats, dims, _capturing())
+        args[_QUANT_KSPLIT] = quant_op.ksplit_for(dims[0][1], dims[1][1], self._sms[ordinal])
         args[_QUANT_STREAM] = _current_stream(ordinal)
         _launch_in_primary(ln, args)
         return outputs

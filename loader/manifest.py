@@ -438,9 +438,10 @@ def _parse_selection(c: _Ctx, raw: Any, variants: list) -> tuple[Rule, ...]:
         mine = [v for v in variants if (v.op, v.arch, v.family) == key]
         for b in rule.buckets:
             for pref in b.prefer:
-                lacking = [v.name for v in mine if pref.knob not in v.knobs]
-                if lacking:
-                    raise c.fail(f"selection[{i}]", pref.knob, f"ranks by a knob variant {lacking[0]} does not have")
+                for knob in pref.knobs:
+                    lacking = [v.name for v in mine if knob not in v.knobs]
+                    if lacking:
+                        raise c.fail(f"selection[{i}]", knob, f"ranks by a knob variant {lacking[0]} does not have")
         rules.append(rule)
     return tuple(rules)
 

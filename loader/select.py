@@ -82,13 +82,17 @@ def _features_text(spec, feats) -> str:
     return ", ".join(f"{n}={v}" for n, v in zip(spec.feature_names, feats))
 
 
-def rank_key(rule: Rule, m: int, v) -> tuple:
-    """The sort key of variant `v` under `rule` for M = `m` (smaller is preferred)."""
-    _, b = rule.bucket(m)
-    return (b.priority, rule.family, tuple(p.key(v.knobs.get(p.knob)) for p in b.prefer), v.name)
+#: SM count assumed where no device is named (explaining without a GPU): an H100 / H200 SXM.
+DEFAULT_SM_COUNT = 132
 
 
-def _outranked(rules, p: Problem, v, best) -> str:
+def rank_key(rule: Rule, dims: Mapping[str, int], v, sm_count: int = DEFAULT_SM_COUNT) -> tuple:
+    """The sort key of variant `v` under `rule` for a problem of `dims` on `sm_count` SMs (smaller first)."""
+    _, b = rule.bucket(dims.get("m", 1))
+    return (b.priority, rule.family, tuple(p.rank(v.knobs, dims, sm_count) for p in b.prefer), v.name)
+
+
+def _outranked(rules, p: Problem, v, best, sm_count: int) -> str:
     m = p.dim.get("m", 1)
     rv = rule_for(rules, p.op, p.arch, getattr(v, "family", ""))
     rb = rule_for(rules, p.op, p.arch, getattr(best, "family", ""))
@@ -98,15 +102,18 @@ def _outranked(rules, p: Problem, v, best) -> str:
         return (f"outranked by {best.name}: family {rv.family} has priority {bv.priority} for {bv.text(lo)}, "
                 f"family {rb.family} has {bb.priority} (lower wins; then the family name)")
     for pref in bv.prefer:
-        a, c = v.knobs.get(pref.knob), best.knobs.get(pref.knob)
-        if pref.key(a) != pref.key(c):
-            return f"outranked by {best.name}: {pref.knob}={a} vs {c} ({pref.text()} for {bv.text(lo)})"
+        why = pref.differs(v.knobs, best.knobs, p.dim, sm_count)
+        if why:
+            return f"outranked by {best.name}: {why} ({pref.text()} for {bv.text(lo)})"
     return f"ranks equal to {best.name} under the rule for {bv.text(lo)}; the name breaks the tie"
 
 
-def explain(variants: Sequence, rules: Mapping[tuple[str, str, str], Rule], p: Problem, hit=None) -> Explanation:
+def explain(variants: Sequence, rules: Mapping[tuple[str, str, str], Rule], p: Problem, hit=None,
+            sm_count: int | None = None) -> Explanation:
     """Every variant of `p`'s op with why it is chosen or out; `hit` (a `tuning_table.TableHit` or None) is
-    the tuning-table entry found for `p`."""
+    the tuning-table entry found for `p`; `sm_count`: the device's SMs (grid-fill preferences read it; None
+    assumes `DEFAULT_SM_COUNT` and says so where it matters)."""
+    sms = DEFAULT_SM_COUNT if sm_count is None else int(sm_count)
     spec = op_spec(p.op)
     ex = Explanation(p, None)
     mine = [v for v in variants if v.op == p.op]
@@ -150,7 +157,7 @@ def explain(variants: Sequence, rules: Mapping[tuple[str, str, str], Rule], p: P
         ex.error = f"{p.op} shape {shown} is not supported by any built kernel: " + "; ".join(reasons)
         return ex
     m = dims.get("m", 1)
-    keyed = sorted(fits, key=lambda v: rank_key(rule_for(rules, p.op, p.arch, getattr(v, "family", "")), m, v))
+    keyed = sorted(fits, key=lambda v: rank_key(rule_for(rules, p.op, p.arch, getattr(v, "family", "")), dims, v, sms))
     ex.candidates = [v.name for v in keyed]
     if hit is not None and _tuned(ex, keyed, hit, len(mine)):
         return ex
@@ -163,9 +170,11 @@ def explain(variants: Sequence, rules: Mapping[tuple[str, str, str], Rule], p: P
     ex.why.append(f"family {rule.family}: M={m} falls in the bucket {b.text(lo)}, priority {b.priority}, "
                   f"prefer: {prefs}")
     if b.prefer:
-        ex.why.append("chosen knobs: " + ", ".join(f"{x.knob}={best.knobs.get(x.knob)}" for x in b.prefer))
+        ex.why.append("chosen knobs: " + ", ".join(x.chosen_text(best.knobs, dims, sms) for x in b.prefer))
+    if sm_count is None and any(not hasattr(x, "knob") for x in b.prefer):
+        ex.why.append(f"the grid fill assumes {sms} SMs (no device given)")
     for v in keyed[1:]:
-        ex.rejected.append((v.name, _outranked(rules, p, v, best)))
+        ex.rejected.append((v.name, _outranked(rules, p, v, best, sms)))
     return ex
 
 
@@ -212,9 +221,10 @@ def _tuned(ex: Explanation, keyed: list, hit, n_op: int) -> bool:
     return True
 
 
-def choose(variants: Sequence, p: Problem, rules: Mapping[tuple[str, str, str], Rule] | None = None, hit=None):
-    """The variant for `p` (raises UnsupportedProblem naming every refusal); `hit`: see `explain`."""
-    ex = explain(variants, rules or {}, p, hit)
+def choose(variants: Sequence, p: Problem, rules: Mapping[tuple[str, str, str], Rule] | None = None, hit=None,
+           sm_count: int | None = None):
+    """The variant for `p` (raises UnsupportedProblem naming every refusal); `hit`, `sm_count`: see `explain`."""
+    ex = explain(variants, rules or {}, p, hit, sm_count)
     if ex.chosen is None:
         raise UnsupportedProblem(ex.error)
     return ex.chosen

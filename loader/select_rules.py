@@ -13,6 +13,17 @@ over knobs: per M bucket an ordered list of preferences, each over one knob::
 
 * ``buckets``: ``m_max`` strictly increasing, the last one ``null`` (no
   bound); a problem falls in the first bucket with ``M <= m_max``.
+* a preference may instead be a **grid fill** estimate (`Fill`), which ranks
+  by the problem's dims and the device's SM count, not by one knob::
+
+    {"fill": {"tile": ["tile_m", "tile_n", "tile_k"], "ctas_per_sm": 1,
+              "factor": {"knob": "tile_m", "values": [[256, 0.86]]},
+              "split": {"knob": "schedule", "values": [["ws_splitk2", 2, 7], ["ws_splitk4", 4, 11]]}}}
+
+  estimated cost = waves x (k-steps per CTA x tile area / 128^2 x factor + overhead), where a variant
+  whose split knob has value v splits K over S CTAs (S = 1 when v is not listed) at an extra ``overhead``
+  (in 128 x 128 k-steps), CTAs = ceil(M / tile_m) x ceil(N / tile_n) x S and waves = ceil(CTAs / (SMs x
+  ctas_per_sm)).  Smaller is preferred; the family documents the measurements behind its constants.
 * ``priority``: between families of one (op, arch), the lower wins (ties: the
   family name).  Within a family the preferences rank lexicographically:
   ``order`` ``asc`` (smaller first), ``desc`` (larger first), or ``values``
@@ -41,6 +52,23 @@ class Preference:
     order: str = "asc"                 # "asc" | "desc" | "values"
     values: tuple = ()
 
+    @property
+    def knobs(self) -> tuple[str, ...]:
+        return (self.knob,)
+
+    def rank(self, knobs: Mapping[str, Any], dims: Mapping[str, int], sm_count: int) -> tuple:
+        """Sort key of a variant's knobs under this preference (smaller = preferred)."""
+        return self.key(knobs.get(self.knob))
+
+    def differs(self, a: Mapping[str, Any], b: Mapping[str, Any], dims, sm_count) -> str:
+        """What makes knobs `a` rank below `b` under this preference ('' when they rank equal)."""
+        if self.key(a.get(self.knob)) == self.key(b.get(self.knob)):
+            return ""
+        return f"{self.knob}={a.get(self.knob)} vs {b.get(self.knob)}"
+
+    def chosen_text(self, knobs: Mapping[str, Any], dims, sm_count) -> str:
+        return f"{self.knob}={knobs.get(self.knob)}"
+
     def key(self, value: Any) -> tuple:
         """Sort key of a knob value under this preference (smaller = preferred)."""
         if self.order == "values":
@@ -57,11 +85,113 @@ class Preference:
             {"knob": self.knob, "order": self.order}
 
 
+#: Work of one CTA is counted in k-steps of a tile of this area (rows x columns).
+_UNIT_AREA = 128 * 128
+
+
+@dataclass(frozen=True)
+class Fill:
+    """Grid-fill preference: rank by an estimate of waves x per-CTA work on the device's SMs (module doc)."""
+    tile: tuple[str, str, str]                       # knob names of the tile's M, N and K extents
+    ctas_per_sm: int = 1
+    factor_knob: str | None = None
+    factors: tuple[tuple[Any, float], ...] = ()      # (knob value, work factor); unlisted values: 1.0
+    split_knob: str | None = None
+    splits: tuple[tuple[Any, int, float], ...] = ()  # (knob value, CTAs per tile along K, overhead)
+
+    @property
+    def knobs(self) -> tuple[str, ...]:
+        return tuple(self.tile) + tuple(k for k in (self.factor_knob, self.split_knob) if k is not None)
+
+    def _split(self, knobs: Mapping[str, Any]) -> tuple[int, float]:
+        if self.split_knob is not None:
+            for value, s, over in self.splits:
+                if knobs.get(self.split_knob) == value:
+                    return s, over
+        return 1, 0.0
+
+    def estimate(self, knobs: Mapping[str, Any], dims: Mapping[str, int], sm_count: int) -> dict:
+        tm, tn, tk = (int(knobs[k]) for k in self.tile)
+        m, n, k = (int(dims.get(d, 1)) for d in ("m", "n", "k"))
+        s, over = self._split(knobs)
+        f = 1.0
+        if self.factor_knob is not None:
+            f = next((w for value, w in self.factors if knobs.get(self.factor_knob) == value), 1.0)
+        ctas = -(-m // tm) * -(-n // tn) * s
+        waves = -(-ctas // (max(1, sm_count) * self.ctas_per_sm))
+        per_cta = -(-k // (s * tk)) * tm * tn / _UNIT_AREA * f + over
+        return {"ctas": ctas, "waves": waves, "split": s, "cost": round(waves * per_cta, 6)}
+
+    def rank(self, knobs, dims, sm_count) -> tuple:
+        return (self.estimate(knobs, dims, sm_count)["cost"],)
+
+    def differs(self, a, b, dims, sm_count) -> str:
+        ea, eb = self.estimate(a, dims, sm_count), self.estimate(b, dims, sm_count)
+        if ea["cost"] == eb["cost"]:
+            return ""
+        return (f"grid fill cost {ea['cost']:g} vs {eb['cost']:g}: {ea['ctas']} vs {eb['ctas']} CTAs, "
+                f"{ea['waves']} vs {eb['waves']} wave(s) on {sm_count} SMs")
+
+    def chosen_text(self, knobs, dims, sm_count) -> str:
+        e = self.estimate(knobs, dims, sm_count)
+        return f"grid fill cost {e['cost']:g} ({e['ctas']} CTAs, K split {e['split']}, {e['waves']} wave(s))"
+
+    def text(self) -> str:
+        return "the smallest estimated waves x per-CTA k-steps first"
+
+    def to_dict(self) -> dict:
+        d: dict = {"tile": list(self.tile), "ctas_per_sm": self.ctas_per_sm}
+        if self.factor_knob is not None:
+            d["factor"] = {"knob": self.factor_knob, "values": [list(x) for x in self.factors]}
+        if self.split_knob is not None:
+            d["split"] = {"knob": self.split_knob, "values": [list(x) for x in self.splits]}
+        return {"fill": d}
+
+
+def _parse_fill(raw: Any, path: str, knobs: Sequence[str] | None, fail) -> Fill:
+    want = "expected {tile: [m knob, n knob, k knob], ctas_per_sm: int >= 1, factor?: {knob, values: " \
+           "[[value, number > 0], ...]}, split?: {knob, values: [[value, int >= 2, number >= 0], ...]}}"
+    if not isinstance(raw, Mapping) or "tile" not in raw or set(raw) - {"tile", "ctas_per_sm", "factor", "split"}:
+        fail(path, raw, want)
+    tile, cps = raw["tile"], raw.get("ctas_per_sm", 1)
+    if not isinstance(tile, (list, tuple)) or len(tile) != 3 or not all(isinstance(t, str) for t in tile):
+        fail(f"{path}.tile", tile, "expected three knob names (the tile's M, N and K extents)")
+    if isinstance(cps, bool) or not isinstance(cps, int) or cps < 1:
+        fail(f"{path}.ctas_per_sm", cps, "expected an integer >= 1")
+
+    def table(key, width, check):
+        spec = raw.get(key)
+        if spec is None:
+            return None, ()
+        if not isinstance(spec, Mapping) or set(spec) != {"knob", "values"} or not isinstance(spec["knob"], str) \
+                or not isinstance(spec["values"], (list, tuple)) or not spec["values"]:
+            fail(f"{path}.{key}", spec, want)
+        rows = []
+        for j, row in enumerate(spec["values"]):
+            if not isinstance(row, (list, tuple)) or len(row) != width or not isinstance(row[0], (bool, int, str)) \
+                    or not check(row[1:]):
+                fail(f"{path}.{key}.values[{j}]", row, want)
+            rows.append(tuple(row))
+        return spec["knob"], tuple(rows)
+
+    num = (int, float)
+    fk, fv = table("factor", 2, lambda r: isinstance(r[0], num) and not isinstance(r[0], bool) and r[0] > 0)
+    sk, sv = table("split", 3, lambda r: isinstance(r[0], int) and not isinstance(r[0], bool) and r[0] >= 2
+                   and isinstance(r[1], num) and not isinstance(r[1], bool) and r[1] >= 0)
+    f = Fill(tuple(tile), cps, fk, tuple((v, float(w)) for v, w in fv), sk,
+             tuple((v, int(s), float(o)) for v, s, o in sv))
+    if knobs is not None:
+        for kn in f.knobs:
+            if kn not in knobs:
+                fail(f"{path}", kn, f"not a knob of this family (knobs: {', '.join(knobs)})")
+    return f
+
+
 @dataclass(frozen=True)
 class Bucket:
     m_max: int | None
     priority: int
-    prefer: tuple[Preference, ...]
+    prefer: tuple  # of Preference | Fill
 
     def text(self, lo: int) -> str:
         return f"M in [{lo}, {self.m_max}]" if self.m_max is not None else f"M >= {lo}"
@@ -128,8 +258,11 @@ def parse_buckets(raw: Any, where: str, knobs: Sequence[str] | None = None) -> t
         prefs = []
         for j, q in enumerate(prefer):
             qp = f"{p}.prefer[{j}]"
+            if isinstance(q, Mapping) and set(q) == {"fill"}:
+                prefs.append(_parse_fill(q["fill"], f"{qp}.fill", knobs, fail))
+                continue
             if not isinstance(q, Mapping) or "knob" not in q or not isinstance(q["knob"], str):
-                fail(qp, q, "expected {knob: name, order: asc|desc} or {knob: name, values: [...]}")
+                fail(qp, q, "expected {knob: name, order: asc|desc}, {knob: name, values: [...]} or {fill: {...}}")
             if knobs is not None and q["knob"] not in knobs:
                 fail(f"{qp}.knob", q["knob"], f"not a knob of this family (knobs: {', '.join(knobs)})")
             if set(q) == {"knob", "order"} and q["order"] in ORDERS:
@@ -159,4 +292,4 @@ def rule_for(rules: Mapping[tuple[str, str, str], Rule], op: str, arch: str, fam
     return rules.get((op, arch, family)) or default_rule(op, arch, family)
 
 
-__all__ = ["Rule", "Bucket", "Preference", "RuleError", "parse_rule", "parse_buckets", "default_rule", "rule_for"]
+__all__ = ["Rule", "Bucket", "Preference", "Fill", "RuleError", "parse_rule", "parse_buckets", "default_rule", "rule_for"]

@@ -20,7 +20,14 @@ def test_select_text_and_json(tiny_artifacts):
     assert lines[0] == ("gemm_w4a4 on sm_90a, M=4608 N=256 K=256, out_dtype=bf16, rank=32, wcscale=True, bias=True, "
                         "scale_layout=logical")
     assert lines[1].startswith("chosen: svdq_gemm_w4a4_sm90a_outdtypebf16_rank32_")
-    assert "M=4608 falls in the bucket M >= 257, priority 0, prefer: tile_m larger first" in r.output
+    assert ("M=4608 falls in the bucket M >= 257, priority 0, prefer: the smallest estimated waves x per-CTA "
+            "k-steps first; tile_m larger first") in r.output
+    assert "the grid fill assumes 132 SMs (no device given)" in r.output
+    r2 = _run(tiny_artifacts, "--op", "gemm_w4a4", "--m", 4608, "--n", 256, "--k", 256, "--rank", 32, "--sms", 8)
+    assert r2.exit_code == 0 and "(no device given)" not in r2.output, r2.output
+    fill = [ln for ln in r.output.splitlines() if "chosen knobs: grid fill cost" in ln]
+    fill2 = [ln for ln in r2.output.splitlines() if "chosen knobs: grid fill cost" in ln]
+    assert fill and fill2 and " 1 wave(s))" in fill[0] and " 1 wave(s))" not in fill2[0], (fill, fill2)
     assert "rejected (1):" in r.output and "built for rank=0 (the call needs 32)" in r.output
     j = _run(tiny_artifacts, "--op", "gemm_w4a4", "--m", 16, "--n", 256, "--k", 256, "--rank", 32, "--json")
     assert j.exit_code == 0, j.output

@@ -1,0 +1,126 @@
+"""The grid-fill selection preference (`select_rules.Fill`) and the sm_90a GEMM's rule built on it (CPU only).
+
+The rule's constants were fitted to one H200 sweep (docs/PERF.md, session 5); the table below is that
+sweep's throughput of the four forms `configs/flux.yaml` builds, as x cuBLAS bf16.  The rule must pick the
+fastest of them at every measured shape, on the H200's 132 SMs.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from svdq_loader import select
+from svdq_loader.select_rules import Fill, Rule, RuleError, parse_buckets
+
+FAMILY = "sm90_wgmma_w4a4"
+
+#: (M, K, N) -> x cuBLAS bf16 of (ws 128 prefetch 2, coop 256 prefetch 1, ws_splitk2 128, ws_splitk4 128)
+MEASURED = {
+    (16, 3072, 3072): (0.324, 0.218, 0.466, 0.573),
+    (16, 3072, 12288): (0.721, 0.485, 0.568, 0.386),
+    (16, 12288, 3072): (0.238, 0.157, 0.425, 0.703),
+    (64, 3072, 3072): (0.279, 0.189, 0.401, 0.492),
+    (64, 3072, 12288): (0.678, 0.457, 0.534, 0.366),
+    (64, 12288, 3072): (0.240, 0.157, 0.427, 0.698),
+    (256, 3072, 3072): (0.318, 0.186, 0.475, 0.347),
+    (256, 3072, 12288): (0.417, 0.465, 0.426, 0.259),
+    (256, 12288, 3072): (0.303, 0.175, 0.552, 0.490),
+    (1024, 3072, 3072): (0.392, 0.444, 0.399, 0.243),
+    (1024, 3072, 12288): (0.505, 0.575, 0.399, 0.243),
+    (1024, 12288, 3072): (0.403, 0.466, 0.495, 0.372),
+}
+FORMS = (("ws", 128, 2), ("coop", 256, 1), ("ws_splitk2", 128, 2), ("ws_splitk4", 128, 2))
+
+
+def _variant(schedule, tile_m, prefetch):
+    knobs = dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, scale_layout="logical", tile_m=tile_m,
+                 tile_n=128, tile_k=64, stages=4, prefetch=prefetch, skip_pad=True, act_decode="prmt",
+                 schedule=schedule)
+    split = {"ws_splitk2": 2, "ws_splitk4": 4}.get(schedule, 1)
+    return SimpleNamespace(name=f"{schedule}_{tile_m}_pf{prefetch}", op="gemm_w4a4", arch="sm_90a", knobs=knobs,
+                           family=FAMILY, requirements=dict(n_multiple=128, k_multiple=128 * split))
+
+
+def _problem(m, n, k):
+    return select.Problem("gemm_w4a4", "sm_90a", ("bf16", 32, True, True, "logical"),
+                          (("m", m), ("n", n), ("k", k)))
+
+
+@pytest.fixture(scope="module")
+def sm90_rules():
+    fam = pytest.importorskip("svdq_kernels.sm90_wgmma_w4a4", reason="the sm_90a family needs the DSL to import")
+    return {("gemm_w4a4", "sm_90a", FAMILY): Rule("gemm_w4a4", "sm_90a", FAMILY,
+                                                  parse_buckets(fam.SELECTION, "SELECTION", list(fam.TUNING)))}
+
+
+@pytest.mark.parametrize("shape", sorted(MEASURED))
+def test_sm90_rule_picks_the_measured_fastest_form(sm90_rules, shape):
+    m, k, n = shape
+    variants = [_variant(*f) for f in FORMS]
+    best = max(range(len(FORMS)), key=lambda i: MEASURED[shape][i])
+    chosen = select.choose(variants, _problem(m, n, k), sm90_rules, sm_count=132)
+    assert chosen.name == variants[best].name, select.explain(variants, sm90_rules, _problem(m, n, k)).text()
+
+
+def test_sm90_rule_at_large_m_keeps_the_256_row_coop_tile(sm90_rules):
+    variants = [_variant(*f) for f in FORMS]
+    for n, k in ((3072, 3072), (12288, 3072), (3072, 12288), (21504, 3072), (3072, 15360), (9216, 3072)):
+        for m in (4096, 4608, 9728):
+            assert select.choose(variants, _problem(m, n, k), sm90_rules, sm_count=132).name == "coop_256_pf1"
+
+
+def test_fill_reads_the_device_sm_count(sm90_rules):
+    """The same problem on twice the SMs: four-way split fills one wave where the two-way one did."""
+    variants = [_variant(*f) for f in FORMS]
+    p = _problem(256, 3072, 12288)
+    assert select.choose(variants, p, sm90_rules, sm_count=132).name == "ws_splitk2_128_pf2"
+    assert select.choose(variants, p, sm90_rules, sm_count=264).name == "ws_splitk4_128_pf2"
+    ex = select.explain(variants, sm90_rules, p, sm_count=132)
+    assert "grid fill cost 103 (96 CTAs, K split 2, 1 wave(s))" in " ".join(ex.why)
+    why = dict(ex.rejected)
+    assert why["ws_splitk4_128_pf2"].startswith("outranked by ws_splitk2_128_pf2: grid fill cost 118 vs 103: "
+                                                "192 vs 96 CTAs, 2 vs 1 wave(s) on 132 SMs")
+    # no device named: the default is said
+    ex = select.explain(variants, sm90_rules, p)
+    assert f"the grid fill assumes {select.DEFAULT_SM_COUNT} SMs (no device given)" in ex.why
+
+
+def test_split_forms_out_where_k_is_not_their_multiple(sm90_rules):
+    variants = [_variant(*f) for f in FORMS]
+    ex = select.explain(variants, sm90_rules, _problem(16, 3072, 3072 + 128), sm_count=132)
+    assert ex.chosen.name == "ws_128_pf2"
+    assert dict(ex.rejected)["ws_splitk4_128_pf2"] == "K=3200 is not a multiple of 512"
+
+
+def test_fill_estimate_arithmetic():
+    f = Fill(("tile_m", "tile_n", "tile_k"), 1, "tile_m", ((256, 0.5),), "schedule", (("s3", 3, 2.5),))
+    knobs = dict(tile_m=256, tile_n=128, tile_k=64, schedule="s3")
+    # ctas = ceil(300/256) * ceil(1000/128) * 3 = 2 * 8 * 3 = 48; waves = ceil(48 / 20) = 3
+    # per CTA = ceil(4096 / (3 * 64)) * 256 * 128 / 16384 * 0.5 + 2.5 = 22 * 1 + 2.5
+    assert f.estimate(knobs, dict(m=300, n=1000, k=4096), 20) == {"ctas": 48, "waves": 3, "split": 3,
+                                                                   "cost": 73.5}
+    assert f.estimate(dict(knobs, schedule="other", tile_m=128), dict(m=300, n=1000, k=4096), 20) == \
+        {"ctas": 24, "waves": 2, "split": 1, "cost": 128.0}
+
+
+def test_fill_round_trips_and_refuses_malformed_specs():
+    raw = [{"m_max": None, "prefer": [{"fill": {"tile": ["tile_m", "tile_n", "tile_k"], "ctas_per_sm": 2,
+                                                "split": {"knob": "schedule", "values": [["x", 2, 7]]}}},
+                                      {"knob": "tile_m", "order": "asc"}]}]
+    b = parse_buckets(raw, "t", ["tile_m", "tile_n", "tile_k", "schedule"])
+    assert [p.to_dict() for p in b[0].prefer] == raw[0]["prefer"]
+    assert b[0].prefer[0].knobs == ("tile_m", "tile_n", "tile_k", "schedule")
+
+    def bad(fill, match):
+        with pytest.raises(RuleError, match=match):
+            parse_buckets([{"m_max": None, "prefer": [{"fill": fill}]}], "t", ["tile_m", "tile_n", "tile_k", "s"])
+
+    bad({"tile": ["tile_m", "tile_n"]}, r"tile.*expected three knob names")
+    bad({"tile": ["tile_m", "tile_n", "tile_k"], "ctas_per_sm": 0}, r"ctas_per_sm: 0: expected an integer >= 1")
+    bad({"tile": ["tile_m", "tile_n", "tile_k"], "split": {"knob": "s", "values": [["a", 1, 0]]}},
+        r"split.values\[0\]: \['a', 1, 0\]")
+    bad({"tile": ["tile_m", "tile_n", "tile_k"], "factor": {"knob": "s", "values": [["a", -1]]}},
+        r"factor.values\[0\]")
+    bad({"tile": ["tile_m", "tile_n", "nope"]}, r"'nope': not a knob of this family")
+    bad({"tile": ["tile_m", "tile_n", "tile_k"], "extra": 1}, r"expected \{tile:")
