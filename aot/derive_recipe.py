@@ -519,7 +519,7 @@ __all__ = ["derive_recipe", "format_expr"]
 
 #: Where a build-time recipe must hold (the loader takes the interpreter path outside it).
 DIM_LIMITS = {"m": (1, 1 << 24), "n": (1, 1 << 20), "k": (1, 1 << 20)}
-SCALAR_LIMITS = {"sm_count": (1, 4096), "use_smooth": (0, 1)}
+SCALAR_LIMITS = {"sm_count": (1, 4096), "use_smooth": (0, 1), "ksplit": (1, 8)}
 
 
 def _dim_box(spec, requirements):

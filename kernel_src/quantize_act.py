@@ -14,15 +14,26 @@ Work decomposition
   ``[16t, 16t + 16)`` of the step: each of its groups is two 16-byte loads of
   x, one 8-byte store of codes, one scale byte (four lanes write four
   consecutive scale bytes, in both layouts).
-* A CTA has ``warps`` warps on the same ``16 * mtiles`` rows; they split the
-  K steps round-robin (warp w does steps w, w + warps, ...), so one CTA
-  covers whole rows and the LoRA partial sums are reduced inside the CTA
-  (SMEM) at the end.  grid = ceil(rows / (16 * mtiles)), rows = M
-  (``logical``) or M rounded up to 128 (``blocked``: the pad rows get scale
-  0).
+* A CTA has ``warps`` warps on the same ``16 * mtiles`` rows, and a cluster
+  of ``ksplit`` CTAs (a launch value: host argument ``ksplit``, read in the
+  kernel from ``%cluster_nctarank``) works on one row tile.  Warp w of
+  cluster rank r is virtual warp v = r * warps + w of warps * ksplit; the
+  virtual warps split the K steps round-robin (v does steps v, v + warps *
+  ksplit, ...).  Codes and scales need no reduction; the LoRA partial sums
+  are added inside each CTA (SMEM), then rank 0 adds the other ranks' sums
+  through distributed SMEM (``mapa`` + ``ld.shared::cluster``, between two
+  cluster barriers; none when ksplit = 1) and stores them.  grid =
+  ceil(rows / (16 * mtiles)) * ksplit, rows = M (``logical``) or M rounded
+  up to 128 (``blocked``: the pad rows get scale 0).  The loader picks
+  ksplit (``svdq_loader.ops.quantize_act.ksplit_for``): more and smaller work
+  units than the 16-row tiles where M gives few tiles per SM, or where the
+  tiles do not balance over the SMs.
 * **x in flight.** Each lane loads its own x chunks (and its smooth pair) of
   its warp's next step into registers (``ld.global.nc``, 16 bytes, allocating
-  in L1) while it works on the current one.  (Two steps ahead in registers
+  in L1) while it works on the current one.  Each group's code work and
+  stores sit in a branch on the row being covered: without a branch in the
+  step ptxas sank these loads to the end of the loop, right before their use
+  (docs/PERF.md, session 5: 11-28 % slower).  (Two steps ahead in registers
   was measured on the H200 and was not faster: docs/PERF.md, session 4.)  At
   rank 96, where that form keeps a stack frame, the lane instead copies them
   with ``cp.async.cg`` into a per-warp ring in SMEM, ``x_stages - 1`` of the
@@ -65,10 +76,11 @@ bit.  No fp32 ``.ftz`` and no approximate fp32 division anywhere (the tests
 grep the PTX), no division subroutine calls (they spilled registers).
 
 Launch ABI: host function ``(x, smooth, lora_down, act, ascales, lora_act_in,
-m, k, use_smooth, stream)``; kernel params: the 6 pointers then m, k,
+m, k, use_smooth, ksplit, stream)``; kernel params: the 6 pointers then m, k,
 use_smooth (i32).  block = (32 * warps, 1, 1), dynamic SMEM ``smem_bytes``,
-no cluster.  Preconditions (the loader checks them): pointers 16-byte
-aligned, contiguous row-major tensors, m >= 1, k % 64 == 0, M*K < 2^31.
+cluster (ksplit, 1, 1).  Preconditions (the loader checks them): pointers 16-byte
+aligned, contiguous row-major tensors, m >= 1, k % 64 == 0, M*K < 2^31,
+1 <= ksplit <= 8 (any value is correct; more CTAs than steps leave warps idle).
 Pointers of disabled features (smooth when use_smooth == 0, LoRA when
 rank == 0) may be 0 and are never dereferenced.
 """
@@ -467,6 +479,12 @@ def _lds_v4f(saddr):
     return _asm("ld.shared.v4.f32 {$0, $1, $2, $3}, [$4];", (Float32,) * 4, [saddr], "=f,=f,=f,=f,r", True)
 
 
+def _ld_cluster_v2f(saddr, rank):
+    """Two fp32 at this CTA's shared address `saddr` as it lies in cluster CTA `rank` (mapa + ld.shared::cluster)."""
+    return _asm("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, $2, $3;\nld.shared::cluster.v2.f32 {$0, $1}, [ra];\n}",
+                (Float32,) * 2, [saddr, rank], "=f,=f,r,r", True)
+
+
 def _lds_v2f(saddr):
     return _asm("ld.shared.v2.f32 {$0, $1}, [$2];", (Float32,) * 2, [saddr], "=f,=f,r", True)
 
@@ -511,13 +529,14 @@ class _QuantizeAct:
     @cute.jit
     def __call__(self, x: cute.Pointer, smooth: cute.Pointer, lora_down: cute.Pointer, act: cute.Pointer,
                  ascales: cute.Pointer, lora_act_in: cute.Pointer, m: Int32, k: Int32, use_smooth: Int32,
-                 stream: cuda.CUstream):
+                 ksplit: Int32, stream: cuda.CUstream):
         rows = m
         if cutlass.const_expr(self.blocked):
             rows = (m + 127) // 128 * 128
         grid = (rows + (self.rows_cta - 1)) // self.rows_cta
         self.kernel(x, smooth, lora_down, act, ascales, lora_act_in, m, k, use_smooth).launch(
-            grid=[grid, 1, 1], block=[32 * self.W, 1, 1], smem=self.smem_bytes, stream=stream, min_blocks_per_mp=self.min_ctas)
+            grid=[grid * ksplit, 1, 1], block=[32 * self.W, 1, 1], cluster=[ksplit, 1, 1], smem=self.smem_bytes,
+            stream=stream, min_blocks_per_mp=self.min_ctas)
 
     @cute.kernel
     def kernel(self, x: cute.Pointer, smooth: cute.Pointer, lora_down: cute.Pointer, act: cute.Pointer,
@@ -530,7 +549,13 @@ class _QuantizeAct:
         lane = tid % 32
         g = lane // 4
         t = lane % 4
-        row0 = bid * self.rows_cta
+        # K split over the cluster (ksplit CTAs on one row tile, a runtime launch value): CTA rank r's warp w
+        # is virtual warp vw = r * W + w of W * S, and takes the steps vw, vw + W * S, ...
+        S = cute.arch.cluster_size()
+        rank = cute.arch.block_idx_in_cluster()
+        row0 = (bid // S) * self.rows_cta
+        vw = rank * W + warp
+        WS = W * S
         nsteps = k // STEP_K
         kg = k // 16                    # scale groups per row
         m_cover = m
@@ -561,7 +586,7 @@ class _QuantizeAct:
         xring = lbuf + _lora_tiles_bytes(self.cfg)           # x_stages steps of x, then of smooth
         sring = xring + self.NS * self.xstage
         c = self._Ctx()
-        for name in ("warp", "lane", "g", "t", "m", "k", "nsteps", "kg", "m_cover", "use_smooth", "rs_s",
+        for name in ("vw", "WS", "warp", "lane", "g", "t", "m", "k", "nsteps", "kg", "m_cover", "use_smooth", "rs_s",
                      "lbuf", "xrow", "rowv", "valid", "actb", "scb", "smooth", "xb", "xring", "sring"):
             setattr(c, name, locals()[name])
         if cutlass.const_expr(R > 0):
@@ -579,7 +604,7 @@ class _QuantizeAct:
             # ---- ring prologue: copies in the order the steps keep (x_i, L_i, x_i+1, L_i+1, ...) ----
             # with LoRA: (x0, L0, x1); without: x of steps 0 .. NS-2
             for j in cutlass.range_constexpr(self.NS - 1):
-                sj = cutlass.min(warp + j * W, nsteps - 1)
+                sj = cutlass.min(vw + j * WS, nsteps - 1)
                 self._copy_x(c, j, sj)
                 if use_smooth != 0:
                     self._copy_smooth(c, j, sj)
@@ -589,7 +614,7 @@ class _QuantizeAct:
                     _cp_commit()
         else:
             # ---- register prologue: the first step's x and smooth pair, then its lora_down tile ----
-            s0 = cutlass.min(warp, nsteps - 1)
+            s0 = cutlass.min(vw, nsteps - 1)
             nxt = cute.make_rmem_tensor((NG * 8,), Int32)
             for q in cutlass.range_constexpr(NG):
                 for hv in cutlass.range_constexpr(2):
@@ -604,12 +629,13 @@ class _QuantizeAct:
                 self._copy_lora(c, 0, s0)
                 _cp_commit()
 
+        nmine = (nsteps - vw + WS - 1) // WS                   # this warp's steps (<= 0: none)
         if use_smooth != 0:
-            for s in cutlass.range(warp, nsteps, W, unroll=1):
-                self._step(c, s, True)
+            for it in cutlass.range(0, nmine, 1, unroll=1):
+                self._step(c, it, vw + it * WS, True)
         else:
-            for s in cutlass.range(warp, nsteps, W, unroll=1):
-                self._step(c, s, False)
+            for it in cutlass.range(0, nmine, 1, unroll=1):
+                self._step(c, it, vw + it * WS, False)
 
         # ---- LoRA epilogue: reduce the warps' partial sums, store rows < m ----
         if cutlass.const_expr(R > 0):
@@ -628,8 +654,10 @@ class _QuantizeAct:
             cute.arch.sync_threads()
             npairs = self.rows_cta * R // 2
             per_thr = (npairs + 32 * W - 1) // (32 * W)
+            assert _RS_BYTES + self.rows_cta * R * 4 + per_thr * 32 * W * 8 <= self.warp_smem   # the sums fit
             lab = lora_act_in.toint()
             b0 = base.toint() + _RS_BYTES
+            tot = cute.make_rmem_tensor((2 * per_thr,), Float32)
             for i in cutlass.range_constexpr(per_thr):
                 idx = tid + 32 * W * i
                 rr = idx // (R // 2)
@@ -640,9 +668,35 @@ class _QuantizeAct:
                     pv = _lds_v2f(b0 + w * self.warp_smem + (rr * R + cc) * 4)
                     s0v = s0v + pv[0]
                     s1v = s1v + pv[1]
+                tot[2 * i] = s0v
+                tot[2 * i + 1] = s1v
+            if S > 1:
+                # the cluster's other CTAs hold partial sums of the same rows: each leaves its sums in its own
+                # SMEM (warp 0's tile buffers, past its partials: no thread reads there any more), a cluster
+                # barrier publishes them, rank 0 adds them in rank order (mapa + ld.shared::cluster), and a
+                # second barrier keeps every CTA (and its SMEM) alive until rank 0 has read it
+                sums = b0 + self.rows_cta * R * 4
+                if rank != 0:
+                    for i in cutlass.range_constexpr(per_thr):
+                        _sts_v2(sums + (tid + 32 * W * i) * 8, tot[2 * i], tot[2 * i + 1])
+                cute.arch.cluster_arrive()
+                cute.arch.cluster_wait()
+                if rank == 0:
+                    for r in cutlass.range(1, S, unroll=1):
+                        for i in cutlass.range_constexpr(per_thr):
+                            pv = _ld_cluster_v2f(sums + (tid + 32 * W * i) * 8, r)
+                            tot[2 * i] = tot[2 * i] + pv[0]
+                            tot[2 * i + 1] = tot[2 * i + 1] + pv[1]
+                cute.arch.cluster_arrive()
+                cute.arch.cluster_wait()
+            for i in cutlass.range_constexpr(per_thr):
+                idx = tid + 32 * W * i
+                rr = idx // (R // 2)
+                cc = (idx % (R // 2)) * 2
                 row = row0 + rr
-                ok = Int32((row < m) & (idx < npairs))
-                _st_u32_pred(lab + (Int64(cutlass.min(row, m - 1)) * R + cc) * 2, _pack_pair(s0v, s1v, dt), ok)
+                ok = Int32((row < m) & (idx < npairs) & (rank == 0))
+                _st_u32_pred(lab + (Int64(cutlass.min(row, m - 1)) * R + cc) * 2,
+                             _pack_pair(tot[2 * i], tot[2 * i + 1], dt), ok)
 
 
     class _Ctx:
@@ -683,7 +737,7 @@ class _QuantizeAct:
             cc = ch % c.nchunk
             _cp_async16(nb + _srow(kk) * P + cc * 16, c.ldb + ((Int64(step) * STEP_K + Int64(kk)) * R + cc * 8) * 2)
 
-    def _step(self, c, s, smoothing):
+    def _step(self, c, it, s, smoothing):
         """One K step of one warp (plain Python at trace time); smoothing: trace the x / smooth path.
 
         Copies in flight keep the order x_i, L_i, x_i+1, L_i+1, ... (L = lora_down tile): step i commits
@@ -695,14 +749,13 @@ class _QuantizeAct:
         actb, scb = c.actb, c.scb
         if R > 0:
             acc = c.acc
-        it = (s - warp) // W
         if self.ring:
             cute.arch.sync_warp()                         # everyone is done with the last rs / tile reads
             # copies for later steps (clamped to a valid step: the last one is re-read, harmlessly)
             if R > 0:
-                self._copy_lora(c, (it + 1) % 2, cutlass.min(s + W, nsteps - 1))
+                self._copy_lora(c, (it + 1) % 2, cutlass.min(s + c.WS, nsteps - 1))
                 _cp_commit()
-            sn = cutlass.min(s + (NS - 1) * W, nsteps - 1)
+            sn = cutlass.min(s + (NS - 1) * c.WS, nsteps - 1)
             slot_n = (it + NS - 1) % NS
             self._copy_x(c, slot_n, sn)
             if smoothing:
@@ -724,7 +777,7 @@ class _QuantizeAct:
             sm_cur = sm_nxt[0]
             cute.arch.sync_warp()                         # everyone is done with the last rs / tile reads
             # the next step's x and smooth into registers (clamped: the last step is re-read, harmlessly)
-            sn = cutlass.min(s + W, nsteps - 1)
+            sn = cutlass.min(s + c.WS, nsteps - 1)
             for q in range(NG):
                 for hv in range(2):
                     v = _ld_v4(c.xb + Int64(c.xrow[q] + sn * STEP_K + 8 * hv) * 2)
@@ -791,24 +844,31 @@ class _QuantizeAct:
             scb_ = _div6(amaxes[qb])
             bytes2, dec_a, dec_b = _e4m3_pair(sca, scb_)
             for q, byte, dec in ((qa, bytes2 & 0xFF, dec_a), (qb, (bytes2 >> 8) & 0xFF, dec_b)):
-                nonfin = amaxes[q].bitcast(Int32) >= Int32(0x7F800000)
-                byte = cutlass.select_(nonfin, Int32(0x7F), byte)
-                zero = nonfin | (dec == Float32(0.0))
-                th = _thresholds(dec, dt)
-                words = []
-                for hw in range(2):
-                    ys = [_code_pair(xh[q][4 * hw + i], aws[q][4 * hw + i], th, dt) for i in range(4)]
-                    wv = _bytes4(ys)
-                    words.append(cutlass.select_(zero, Int32(0), wv))
-                r = rowv[q]
-                aoff = Int64(r * (k // 2) + s * (STEP_K // 2) + 8 * t)
-                _st_v2_pred(actb + aoff, words[0], words[1], valid[q])
-                if self.blocked:
-                    soff = (((r >> 7) * (kg // 4) + s) * 512 + (r & 31) * 16 + ((r >> 5) & 3) * 4 + t)
-                    _st_u8_pred(scb + Int64(soff), cutlass.select_(r < m, byte, Int32(0)),
-                                Int32(r < m_cover))
-                else:
-                    _st_u8_pred(scb + Int64(r * kg + s * 4 + t), byte, valid[q])
+                # a group's code work sits in a branch taken by rows the launch covers: the branch keeps ptxas
+                # from sinking the next step's x loads (issued above, used by the next step) to the loop's end
+                cutlass.if_generate(rowv[q] < m_cover,
+                                    lambda q=q, byte=byte, dec=dec: self._codes(c, s, xh[q], aws[q], amaxes[q], byte,
+                                                                                dec, rowv[q], valid[q]))
+
+    def _codes(self, c, s, xh, aws, amax, byte, dec, r, valid):
+        """One group's E2M1 codes and scale byte, stored (row r; valid: r < m)."""
+        dt, t, k, kg, m, m_cover = self.dt, c.t, c.k, c.kg, c.m, c.m_cover
+        nonfin = amax.bitcast(Int32) >= Int32(0x7F800000)
+        byte = cutlass.select_(nonfin, Int32(0x7F), byte)
+        zero = nonfin | (dec == Float32(0.0))
+        th = _thresholds(dec, dt)
+        words = []
+        for hw in range(2):
+            ys = [_code_pair(xh[4 * hw + i], aws[4 * hw + i], th, dt) for i in range(4)]
+            wv = _bytes4(ys)
+            words.append(cutlass.select_(zero, Int32(0), wv))
+        aoff = Int64(r * (k // 2) + s * (STEP_K // 2) + 8 * t)
+        _st_v2_pred(c.actb + aoff, words[0], words[1], valid)
+        if self.blocked:
+            soff = (((r >> 7) * (kg // 4) + s) * 512 + (r & 31) * 16 + ((r >> 5) & 3) * 4 + t)
+            _st_u8_pred(c.scb + Int64(soff), cutlass.select_(r < m, byte, Int32(0)), Int32(r < m_cover))
+        else:
+            _st_u8_pred(c.scb + Int64(r * kg + s * 4 + t), byte, valid)
 
 
 # ---------------------------------------------------------------------------

@@ -282,7 +282,7 @@ class Library:
         ln = self._choice.get(("quantize_act", ordinal, feats, dims))
         if ln is None:
             ln = self._resolve("quantize_act", ordinal, feats, dims, _capturing())
-        args[_QUANT_KSPLIT] = quant_op.ksplit_for(dims[0][1], dims[1][1], self._sms[ordinal])
+        args[_QUANT_KSPLIT] = quant_op.ksplit_for(dims[0][1], dims[1][1], feats[1], self._sms[ordinal])
         args[_QUANT_STREAM] = _current_stream(ordinal)
         _launch_in_primary(ln, args)
         return outputs

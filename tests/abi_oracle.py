@@ -371,6 +371,8 @@ def random_launch_args(rng, spec, req, *, ms, m_hi, nk_hi, sm_counts, null_rate=
             out.append(req[f"{a}_multiple"] * rng.randrange(1, nk_hi))
         elif a == "sm_count":
             out.append(rng.choice(sm_counts))
+        elif a == "ksplit":
+            out.append(rng.choice([1, 2, 4, 8]))
         else:
             out.append(rng.randrange(0, 2))
     return out

@@ -75,6 +75,31 @@ def test_other_ranks(lib):
         _case(lib, 300, 3072, "bf16", True, r, seed=r)
 
 
+# 5. the K split over a cluster of ksplit CTAs (forced here; the loader sizes it from M, K and the SM count):
+#    fewer steps than warps x ksplit, M tails, every rank (96 takes the SMEM-ring form)
+@pytest.mark.parametrize("ksplit", [2, 4, 8])
+@pytest.mark.parametrize("m,k", [(1, 64), (77, 192), (1000, 3072), (300, 15360)])
+@pytest.mark.parametrize("dt", ["bf16", "fp16"])
+@pytest.mark.parametrize("use_smooth", [False, True])
+@pytest.mark.parametrize("r", [0, 32])
+def test_ksplit(lib, monkeypatch, ksplit, m, k, dt, use_smooth, r):
+    from svdq_loader.ops import quantize_act as qop
+    monkeypatch.setattr(qop, "ksplit_for", lambda *_: ksplit)
+    _case(lib, m, k, dt, use_smooth, r, seed=m * 31 + k + 7 * use_smooth + r + 5 * ksplit + (dt == "fp16"))
+
+
+@pytest.mark.parametrize("ksplit", [1, 2, 8])
+def test_ksplit_ranks(lib, monkeypatch, ksplit):
+    from svdq_loader.ops import quantize_act as qop
+    monkeypatch.setattr(qop, "ksplit_for", lambda *_: ksplit)
+    avail = {v.knobs.get("rank") for v in getattr(lib, "variants", []) if getattr(v, "op", "quantize_act") == "quantize_act"}
+    for r in (16, 48, 64, 96, 128):
+        if avail and r not in avail:
+            continue
+        _case(lib, 300, 3072, "bf16", True, r, seed=r + ksplit)
+        _case(lib, 40, 128, "fp16", False, r, seed=r + ksplit + 1)
+
+
 def test_non_finite_policy(lib):
     x = torch.randn(3, 64).to(torch.bfloat16)
     x[0, 3] = float("nan")

@@ -1,6 +1,6 @@
 """Time every built quantize_act variant of an artifact set on this GPU (tuning data for docs/PERF.md).
 
-    python3 tools/quant_sweep.py ARTIFACTS [--m 4608] [--k 3072,15360]
+    python3 tools/quant_sweep.py ARTIFACTS [--m 4608,1024] [--k 3072,15360] [--ksplit 1,2,4] [--smooth 0,1]
 
 Bypasses selection (each variant's launcher is driven directly); checks every
 variant's codes and scales against the exact reference once.
@@ -19,46 +19,59 @@ from svdq_loader.testing.quantize_ref import quantize_act_ref_torch
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("artifacts")
-    ap.add_argument("--m", type=int, default=4608)
+    ap.add_argument("artifacts", nargs="+", help="artifact folders (each one's variants are timed in turn)")
+    ap.add_argument("--m", default="4608", help="token counts (comma-separated)")
     ap.add_argument("--k", default="3072,15360")
+    ap.add_argument("--ksplit", default="1", help="cluster K splits to time (the launch's ksplit argument)")
+    ap.add_argument("--smooth", default="0,1")
+    ap.add_argument("--ranks", default="", help="only these ranks (default: every built rank)")
     a = ap.parse_args()
-    lib = svdq_loader.load(a.artifacts)
     copies = 8
-    print("| variant | M | K | R | smooth | µs (median) | GB/s | exact |\n|---|---|---|---|---|---|---|---|")
-    for e in lib.variants:
-        if e.op != "quantize_act" or e.arch != "sm_90a":
-            continue
-        r = e.knobs["rank"]
-        for k in (int(x) for x in a.k.split(",")):
-            for smooth_on in (False, True):
-                xs = [torch.randn(a.m, k, device="cuda").to(torch.bfloat16) for _ in range(copies)]
-                sm = torch.rand(k, device="cuda").add_(0.5).to(torch.bfloat16) if smooth_on else None
-                ld = (torch.randn(k, r, device="cuda") / k ** 0.5).to(torch.bfloat16) if r else None
-                ln = lib._launcher(e.name, 0, False)
-                calls = [qop.fast_args("sm_90a", x, sm, ld) for x in xs]
-                stream = torch.cuda.current_stream().cuda_stream
+    print("| variant | M | K | R | smooth | ksplit | µs (median) | GB/s | exact |\n|---|---|---|---|---|---|---|---|---|")
+    ranks = {int(r) for r in a.ranks.split(",") if r}
+    for art in a.artifacts:
+        lib = svdq_loader.load(art)
+        for e in lib.variants:
+            _time_variant(a, art, lib, e, ranks, copies)
+
+
+def _time_variant(a, art, lib, e, ranks, copies):
+    if e.op != "quantize_act" or e.arch != "sm_90a":
+        return
+    r = e.knobs["rank"]
+    if ranks and r not in ranks or e.knobs["dtype"] != "bf16":
+        return
+    for mm, k, ks in ((int(y), int(x), int(s)) for y in a.m.split(",") for x in a.k.split(",")
+                      for s in a.ksplit.split(",")):
+        for smooth_on in (bool(int(x)) for x in a.smooth.split(",")):
+            xs = [torch.randn(mm, k, device="cuda").to(torch.bfloat16) for _ in range(copies)]
+            sm = torch.rand(k, device="cuda").add_(0.5).to(torch.bfloat16) if smooth_on else None
+            ld = (torch.randn(k, r, device="cuda") / k ** 0.5).to(torch.bfloat16) if r else None
+            ln = lib._launcher(e.name, 0, False)
+            calls = [qop.fast_args("sm_90a", x, sm, ld) for x in xs]
+            stream = torch.cuda.current_stream().cuda_stream
+            for c in calls:
+                c[3][qop.STREAM_INDEX] = stream
+                c[3][qop.KSPLIT_INDEX] = ks
+            ln.launch(calls[0][3])
+            torch.cuda.synchronize()
+            act, sc, _ = calls[0][2]
+            ra, rs, _ = quantize_act_ref_torch(xs[0][:64], sm, ld, "logical")     # rows are independent
+            exact = torch.equal(act[:64].cpu(), ra) and torch.equal(sc[:64].view(torch.uint8).cpu(), rs)
+            times = []
+            for _ in range(20):
+                t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                t0.record()
                 for c in calls:
-                    c[3][qop.STREAM_INDEX] = stream
-                ln.launch(calls[0][3])
-                torch.cuda.synchronize()
-                act, sc, _ = calls[0][2]
-                ra, rs, _ = quantize_act_ref_torch(xs[0][:64], sm, ld, "logical")     # rows are independent
-                exact = torch.equal(act[:64].cpu(), ra) and torch.equal(sc[:64].view(torch.uint8).cpu(), rs)
-                times = []
-                for _ in range(20):
-                    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    t0.record()
-                    for c in calls:
-                        ln.launch(c[3])
-                    t1.record()
-                    t1.synchronize()
-                    times.append(t0.elapsed_time(t1) * 1e3 / copies)
-                us = statistics.median(times)
-                nbytes = a.m * k * 2 + a.m * k // 2 + a.m * k // 16 + a.m * r * 2 + k * r * 2 + (k * 2 if smooth_on else 0)
-                short = e.name.split("_sm90a_")[1]
-                print(f"| {short} | {a.m} | {k} | {r} | {int(smooth_on)} | {us:.1f} | {nbytes / us / 1e3:.0f} | "
-                      f"{'yes' if exact else 'NO'} |", flush=True)
+                    ln.launch(c[3])
+                t1.record()
+                t1.synchronize()
+                times.append(t0.elapsed_time(t1) * 1e3 / copies)
+            us = statistics.median(times)
+            nbytes = mm * k * 2 + mm * k // 2 + mm * k // 16 + mm * r * 2 + k * r * 2 + (k * 2 if smooth_on else 0)
+            short = (art.rstrip("/").split("/")[-1] + ":" if len(a.artifacts) > 1 else "") + e.name.split("_sm90a_")[1]
+            print(f"| {short} | {mm} | {k} | {r} | {int(smooth_on)} | {ks} | {us:.1f} | {nbytes / us / 1e3:.0f} | "
+                  f"{'yes' if exact else 'NO'} |", flush=True)
 
 
 if __name__ == "__main__":

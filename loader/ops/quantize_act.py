@@ -38,7 +38,7 @@ SPEC = OpSpec(
     host_args=(
         ("x", "ptr"), ("smooth", "ptr"), ("lora_down", "ptr"),
         ("act", "ptr"), ("ascales", "ptr"), ("lora_act_in", "ptr"),
-        ("m", "i32"), ("k", "i32"), ("use_smooth", "i32"),
+        ("m", "i32"), ("k", "i32"), ("use_smooth", "i32"), ("ksplit", "i32"),
         ("stream", "stream"),
     ),
     features=(
@@ -127,10 +127,35 @@ def plan_call(arch: str, x, *, smooth=None, lora_down=None, out_act=None, out_sc
 # The hot path: the same rules as plan_call, checked in one pass
 # ---------------------------------------------------------------------------
 
-_FAST_ORDER = ("x", "smooth", "lora_down", "act", "ascales", "lora_act_in", "m", "k", "use_smooth", "stream")
+#: Most CTAs of one row tile that split its K (the cluster size; 8 is the portable limit).
+KSPLIT_MAX = 8
+
+
+def ksplit_for(m: int, k: int, rank: int, sm_count: int) -> int:
+    """CTAs (one cluster along K) per 16-row tile of the launch, from M, K, the rank and the SM count.
+
+    The H200 sweep of docs/PERF.md (session 5): with LoRA (3 CTAs of 4 warps per SM) 2 CTAs per tile at
+    large M (finer work units than the 16-row tile: 11-14 % faster at M = 4608, K >= 12288), and below
+    one tile per SM as many as keep one CTA per SM; without LoRA (4 CTAs per SM) 4 per tile, or as many
+    as keep two CTAs per SM.  A power of two, at most KSPLIT_MAX, and at most one per step of a warp.
+    """
+    tiles = -(-m // 16)
+    fill, floor = (sm_count, 2) if rank else (2 * sm_count, 4)
+    s = floor
+    while s < KSPLIT_MAX and tiles * 2 * s <= fill:
+        s *= 2
+    steps_per_warp_group = k // (64 * 4)
+    while s > 1 and s > steps_per_warp_group:
+        s //= 2
+    return s
+
+
+_FAST_ORDER = ("x", "smooth", "lora_down", "act", "ascales", "lora_act_in", "m", "k", "use_smooth", "ksplit",
+               "stream")
 if SPEC.arg_names != _FAST_ORDER:  # pragma: no cover - a spec edit must update the fast path too
     raise ImportError(f"quantize_act: fast_args builds {_FAST_ORDER} but the spec's host args are {SPEC.arg_names}")
 STREAM_INDEX = _FAST_ORDER.index("stream")
+KSPLIT_INDEX = _FAST_ORDER.index("ksplit")
 _fast_consts = None
 
 
@@ -200,5 +225,5 @@ def fast_args(arch: str, x, smooth, lora_down, out_act=None, out_scales=None, ou
     pa, pc = out_act.data_ptr(), out_scales.data_ptr()
     if (pa | pc | pl) & (PTR_ALIGN - 1):
         return None
-    args = [px, ps, pd, pa, pc, pl, m, k, int(smooth is not None), 0]
+    args = [px, ps, pd, pa, pc, pl, m, k, int(smooth is not None), 1, 0]
     return (name, rank, layout), (("m", m), ("k", k)), (out_act, out_scales, out_lora), args
