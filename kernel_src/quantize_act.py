@@ -507,7 +507,7 @@ def _mma(dtype: str, c, a, b):
 
 
 class _QuantizeAct:
-    def __init__(self, cfg: _Cfg):
+    def __init__(self, cfg: _Cfg, arch: str = "sm_90a"):
         self.cfg = cfg
         self.dt = cfg.dtype
         self.R = cfg.rank
@@ -522,9 +522,10 @@ class _QuantizeAct:
         self.xstage = _x_stage_bytes(cfg)
         self.smem_bytes = _smem_bytes(cfg)
         # ".minnctapersm 1" lifts ptxas' own register target (without it ptxas spilled a few values at
-        # 96 / 128 registers in some variants); at ranks 96 and 128 the budget is already at 255 and the
-        # hint makes it spill more, so it is left off there (rank 96 still keeps an 8-byte stack frame).
-        self.min_ctas = 1 if cfg.rank < 96 else 0
+        # 96 / 128 registers in some variants); at ranks 96 and 128 the budget is already near 255 and the
+        # hint made it spill more, so it is left off there -- except rank 128 on sm_120a / sm_121a, where
+        # without it ptxas stops at 168 registers and a 16-byte stack frame (with it: 194, no stack).
+        self.min_ctas = 1 if cfg.rank < 96 or (cfg.rank == 128 and arch in ("sm_120a", "sm_121a")) else 0
 
     @cute.jit
     def __call__(self, x: cute.Pointer, smooth: cute.Pointer, lora_down: cute.Pointer, act: cute.Pointer,
@@ -929,7 +930,7 @@ def compile(arch: str, knobs: dict, name: str, dump_dir: str, *, keep_ptx: bool 
     """Trace and cross-compile one variant for `arch` (no GPU needed); kernel symbol ``<name>_0``."""
     refuse_invalid(name, invalid_reason(arch, knobs))
     cfg = _cfg_of(knobs)
-    op = _QuantizeAct(cfg)
+    op = _QuantizeAct(cfg, arch)
     from svdq_loader.ops import QUANTIZE_ACT
     ck = compile_kernel(_QuantizeAct, op, QUANTIZE_ACT, dict(act=Uint8, ascales=Uint8), _DT[cfg.dtype], name, arch,
                         dump_dir, op.smem_bytes, keep_ptx=keep_ptx)

@@ -38,6 +38,9 @@ CASES = [
     ("sm_120a", "fp16", 32),
     ("sm_121a", "bf16", 0),
 ]
+#: (arch, dtype, rank, warps) cases built with other tuning than the default: the 2-warp variants that
+#: configs/flux.yaml builds for sm_120a / sm_121a, at the largest rank (the largest register budget)
+TUNED_CASES = [("sm_120a", "bf16", 128, 2), ("sm_121a", "fp16", 128, 2)]
 
 
 def _knobs(arch, dtype, rank, **tune):
@@ -79,6 +82,9 @@ def test_variant(compiled, case):
     assert not re.search(r"\.ftz\.f32|\.ftz\.f16|\.ftz\.bf16", ptx), "fp32/fp16 flush-to-zero in the PTX"
     assert "rcp.approx.f32" not in ptx and "div.full" not in ptx
     assert "cvt.rn.satfinite.e4m3x2.f32" in ptx and "max.NaN" in ptx
+    # the K split is read from the launch's cluster; only LoRA needs the cross-CTA reduction
+    assert "%cluster_nctarank" in ptx and "%cluster_ctarank" in ptx
+    assert ("ld.shared::cluster" in ptx) == (r > 0) and ("barrier.cluster.arrive" in ptx) == (r > 0)
     sass = dump_sass(path)
     if sass is None:   # the test extra installs both tools; only an explicit opt-out may skip
         if os.environ.get("SVDQ_ALLOW_NO_SASS") == "1":
@@ -94,6 +100,15 @@ def test_variant(compiled, case):
     else:
         # x is prefetched one step ahead into registers: 16-byte non-coherent loads
         assert re.search(r"LDG\.E\.[A-Z.]*128", sass), "x is not loaded in 16-byte chunks"
+
+
+@pytest.mark.parametrize("case", TUNED_CASES, ids=[f"{a}-{d}-r{r}-w{w}" for a, d, r, w in TUNED_CASES])
+def test_tuned_variant_has_no_stack(case, tmp_path):
+    arch, dt, r, warps = case
+    knobs = _knobs(arch, dt, r, warps=warps, mtiles=1)
+    ck = fam.compile(arch, knobs, variant_name("quantize_act", arch, knobs), str(tmp_path))
+    for sym, ru in ck.resource_usage.items():
+        assert ru["registers"] <= 255 and ru["stack_frame_bytes"] == 0, f"{sym}: {ru}"
 
 
 def test_family_contract():
