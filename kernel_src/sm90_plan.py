@@ -36,12 +36,19 @@ class _Cfg(GemmFeatures):
     skip_pad: bool = False
     act_decode: str = "shift"
     schedule: str = "coop"
+    wsets: int = 2
 
 
 def _cfg_of(knobs: dict) -> _Cfg:
     return _Cfg(*gemm_feature_values(knobs),
                 int(knobs["tile_m"]), int(knobs["tile_n"]), int(knobs["stages"]), int(knobs["prefetch"]),
-                bool(knobs["skip_pad"]), str(knobs["act_decode"]), str(knobs.get("schedule", "coop")))
+                bool(knobs["skip_pad"]), str(knobs["act_decode"]), str(knobs.get("schedule", "coop")),
+                int(knobs.get("wsets", 2)))
+
+
+def k_unroll(cfg: _Cfg) -> int:
+    """k-tiles per unrolled step of the main loop: two (the fragment double buffer), or the weight sets."""
+    return max(2, cfg.wsets)
 
 
 def _lora_chunk(rank: int) -> int:
@@ -74,6 +81,16 @@ def _smem_plan(cfg: _Cfg) -> dict[str, int]:
 def _problem(cfg: _Cfg) -> Optional[str]:
     atoms = cfg.tile_n // 128
     acc = atoms * cfg.tile_m // 2
+    if cfg.wsets != 2 and not is_ws(cfg):
+        return (f"wsets {cfg.wsets} with schedule {cfg.schedule}: the weight register sets are the MMA warps' of "
+                f"a warp-specialised schedule (coop loads weights one k-tile ahead with its activations)")
+    if cfg.tile_m % 64:
+        return f"tile_m {cfg.tile_m}: the activation tile is whole 64-row blocks (64, 128 or 256)"
+    decoders = 128 if is_ws(cfg) else THREADS
+    if cfg.tile_m * (TILE_K // 32) % decoders:
+        return (f"tile_m {cfg.tile_m} with schedule {cfg.schedule}: its {cfg.tile_m} x {TILE_K // 32} 32-k activation "
+                f"chunks per k-tile do not divide over the {decoders} decoding threads (the 64-row tile needs a "
+                f"warp-specialised schedule: its 128 producer threads take one chunk each)")
     if acc > MAX_ACC_REGS:
         return (f"tile {cfg.tile_m}x{cfg.tile_n} needs {acc} fp32 accumulator registers per thread, "
                 f"more than the {MAX_ACC_REGS} this kernel allows (255 registers in all, fragments and "
@@ -95,7 +112,7 @@ def _problem(cfg: _Cfg) -> Optional[str]:
                 f"raw sets and the row predicates do not fit its {WS_PRODUCER_REGS} registers (measured: 56-byte "
                 f"stack frames)")
     if ksplit_of(cfg) > 1 and acc > 64:
-        return (f"schedule {cfg.schedule} with tile_m={cfg.tile_m}: split K is for small M (the 128-row tile); "
+        return (f"schedule {cfg.schedule} with tile_m={cfg.tile_m}: split K is for small M (the 64- and 128-row tiles); "
                 f"at {acc} accumulator registers the reduction spills (measured: 8-byte stack frame)")
     if ksplit_of(cfg) > 1 and cfg.stages * cfg.tile_m * TILE_K * 2 < THREADS * acc * 4:
         return (f"schedule {cfg.schedule}: the split-K partial sums ({THREADS} MMA threads x {acc} fp32 = "

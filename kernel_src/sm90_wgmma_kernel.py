@@ -49,6 +49,9 @@ Two schedules (knob ``schedule``) run that same arithmetic:
   included) publishes them, rank 0 adds them one peer at a time through ``mapa`` + ``ld.shared::cluster``,
   a second cluster barrier keeps the peers' SMEM alive until read, and rank 0 alone runs the epilogue.
   For small M, where N / 128 tiles leave most SMs idle.
+* The 64-row activation tile (``tile_m`` 64, ws schedules only): wgmma N = 64, half the MMA and producer work
+  of the 128-row tile where most rows are padding (M <= 64).  ``wsets`` 4 gives the MMA warps four raw weight
+  register sets (k-tile j loaded four k-tiles before its decode) and unrolls their loop by four.
 
 Launch ABI: host args = the op's (9 pointers, m, n, k, sm_count, stream); kernel params =
 the 9 pointers and m, n, k.  block = (256, 1, 1) (ws*: 384), cluster (S, 1, 1) for split K, dynamic SMEM =
@@ -73,7 +76,7 @@ except ImportError:  # older DSL
 from .sm90_decode_ptx import (_adecode, _adecode_prmt, _bcast, _byte_form, _ld_cluster_v4f, _scales_x128, _sts_v4f,
                               _wdecode)
 from .sm90_plan import (TILE_K, THREADS, WS_CONSUMER_REGS, WS_PRODUCER_REGS, _Cfg, _lora_chunk, _problem,
-                        _smem_plan, is_ws, ksplit_of, ring_slot, split_k_share, threads_of)
+                        _smem_plan, is_ws, k_unroll, ksplit_of, ring_slot, split_k_share, threads_of)
 
 _OUT_DTYPES = {"fp16": Float16, "bf16": BFloat16}
 _ACC_UNSCALE = float(2 ** 14)
@@ -107,6 +110,8 @@ class _Sm90Wgmma:
         self.prefetch = cfg.prefetch
         self.skip_pad = cfg.skip_pad
         self.act_decode = cfg.act_decode
+        self.wsets = cfg.wsets                   # ws*: raw weight register sets of the MMA warps
+        self.unroll = k_unroll(cfg)              # ws*: k-tiles per unrolled main-loop step
 
     @cute.jit
     def __call__(self, act: cute.Pointer, ascales: cute.Pointer, wgt: cute.Pointer, wscales: cute.Pointer,
@@ -355,7 +360,7 @@ class _Sm90Wgmma:
             rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
             t0, tstep = bid // KS, gdim // KS
             kabs, nk = split_k_share(rank, num_kt, KS)
-            nk = cute.assume(nk, divby=2)
+            nk = cute.assume(nk, divby=self.unroll)
         if wg == 0:
             # ---- producer: raw activation bytes -> registers -> exact fp16 -> stage ------------------
             cute.arch.setmaxregister_decrease(WS_PRODUCER_REGS)
@@ -404,9 +409,10 @@ class _Sm90Wgmma:
             cwg = wg - 1
             lane = tidx % 32
             tiled_mma, tCrB, fragA, fragW, acc, tCcC = self._mma_parts(sA, ctid)
-            # two raw weight sets: k-tile j's bytes are loaded two k-tiles before they are decoded
-            wraw = [[cute.make_rmem_tensor((4,), Int32) for _ in range(self.atoms)] for _ in range(2)]
-            wsc = [[cute.make_rmem_tensor((2,), Int32) for _ in range(self.atoms)] for _ in range(2)]
+            # W raw weight sets: k-tile j's bytes are loaded W k-tiles before they are decoded (set j mod W)
+            W, U = self.wsets, self.unroll
+            wraw = [[cute.make_rmem_tensor((4,), Int32) for _ in range(self.atoms)] for _ in range(W)]
+            wsc = [[cute.make_rmem_tensor((2,), Int32) for _ in range(self.atoms)] for _ in range(W)]
             for tile in cutlass.range(t0, tiles, tstep, unroll=1):
                 tm_i = tile // tiles_n
                 tn_i = tile - tm_i * tiles_n
@@ -415,13 +421,14 @@ class _Sm90Wgmma:
                 wblk = [n0 // 64 + a * 2 + cwg for a in range(self.atoms)]
                 g0 = (tile - t0) // tstep * nk
                 acc.fill(0.0)
-                self._load_w(mWq, mWs, wblk, num_kt, ctid, _k(kabs, 0), wraw[0], wsc[0])
-                self._load_w(mWq, mWs, wblk, num_kt, ctid, _k(kabs, 1), wraw[1], wsc[1])
+                for j in cutlass.range_constexpr(W):
+                    self._load_w(mWq, mWs, wblk, num_kt, ctid, _k(kabs, j), wraw[j], wsc[j])
                 self._decode_w(fragW[0], wraw[0], wsc[0])
-                self._load_w(mWq, mWs, wblk, num_kt, ctid, _k(kabs, cutlass.min(2, nk - 1)), wraw[0], wsc[0])
-                for kt2 in cutlass.range(0, nk, 2, unroll=1):
-                    for half in cutlass.range_constexpr(2):
-                        kt = kt2 + half
+                self._load_w(mWq, mWs, wblk, num_kt, ctid, _k(kabs, cutlass.min(W, nk - 1)), wraw[0], wsc[0])
+                for ktu in cutlass.range(0, nk, U, unroll=1):
+                    for u in cutlass.range_constexpr(U):
+                        kt = ktu + u
+                        half = u % 2                # the fragment buffer of k-tile kt
                         g = g0 + kt
                         stage, par = ring_slot(g, S)
                         cute.arch.mbarrier_wait(bars + stage, par)
@@ -430,17 +437,18 @@ class _Sm90Wgmma:
                             cute.gemm(tiled_mma, acc, fragA[half][None, None, kb], tCrB[None, None, kb, stage], acc)
                         warpgroup.commit_group()
                         warpgroup.wait_group(1)     # k-tile kt-1 is done: its stage goes back to the producer
-                        if cutlass.const_expr(half == 1):
+                        if cutlass.const_expr(u > 0):
                             if lane == 0:
                                 cute.arch.mbarrier_arrive(bars + S + (g - 1) % S)
                         else:
-                            if kt2 > 0:
+                            if ktu > 0:
                                 if lane == 0:
                                     cute.arch.mbarrier_arrive(bars + S + (g - 1) % S)
-                        # k-tile kt+1 (raw set 1-half) -> fragments 1-half; then k-tile kt+3 into that set
-                        self._decode_w(fragW[1 - half], wraw[1 - half], wsc[1 - half])
-                        nxt = cutlass.min(kt + 3, nk - 1)
-                        self._load_w(mWq, mWs, wblk, num_kt, ctid, _k(kabs, nxt), wraw[1 - half], wsc[1 - half])
+                        # k-tile kt+1 (raw set (u+1) mod W) -> fragments 1-half; then k-tile kt+1+W into that set
+                        ws_ = (u + 1) % W
+                        self._decode_w(fragW[1 - half], wraw[ws_], wsc[ws_])
+                        nxt = cutlass.min(kt + 1 + W, nk - 1)
+                        self._load_w(mWq, mWs, wblk, num_kt, ctid, _k(kabs, nxt), wraw[ws_], wsc[ws_])
                 warpgroup.wait_group(0)
                 if lane == 0:
                     cute.arch.mbarrier_arrive(bars + S + (g0 + nk - 1) % S)
@@ -505,6 +513,16 @@ class _Sm90Wgmma:
             for i in range(nacc):
                 acc[i] = acc[i] + bv[(i // per_atom) * 2 + (i // 2) % 2]
 
+    def _stage_la(self, mLA, sLA, vbuf, m, m0, ch, vpr, v):
+        """One 16-byte vector `v` of a lora_act_in chunk -> SMEM (rows >= m as zeros)."""
+        r = v // vpr
+        cv = v % vpr
+        cute.autovec_copy(cute.local_tile(mLA, (1, 8), (cutlass.min(m0 + r, m - 1), ch * vpr + cv)), vbuf)
+        ok = (m0 + r) < m
+        for e in range(8):
+            vbuf[e] = cutlass.select_(ok, vbuf[e], self.out_dtype(0.0))
+        cute.autovec_copy(vbuf, cute.local_tile(sLA[None, None, 0], (1, 8), (r, cv)))
+
     def _mma_sync(self):
         """A barrier over the 256 MMA threads: the whole CTA (coop), or named barrier 1 (ws: the producer
         warpgroup is not in it)."""
@@ -543,15 +561,13 @@ class _Sm90Wgmma:
                 cv = v % vpr
                 cute.autovec_copy(cute.local_tile(mLU, (1, 8), (n0 + r, ch * vpr + cv)), vbuf)
                 cute.autovec_copy(vbuf, cute.local_tile(sLU[None, None, 0], (1, 8), (r, cv)))
-            for i in range(tm * vpr // THREADS):
-                v = tidx + i * THREADS
-                r = v // vpr
-                cv = v % vpr
-                cute.autovec_copy(cute.local_tile(mLA, (1, 8), (cutlass.min(m0 + r, m - 1), ch * vpr + cv)), vbuf)
-                ok = (m0 + r) < m
-                for e in range(8):
-                    vbuf[e] = cutlass.select_(ok, vbuf[e], ldt(0.0))
-                cute.autovec_copy(vbuf, cute.local_tile(sLA[None, None, 0], (1, 8), (r, cv)))
+            nla = tm * vpr                  # 16-byte vectors of the lora_act_in chunk
+            assert nla % THREADS == 0 or THREADS % nla == 0
+            for i in range((nla + THREADS - 1) // THREADS):
+                # the 64-row tile at a 16-rank chunk has 128 vectors for 256 threads: two threads copy each
+                # (the same bytes to the same address), so no thread needs a branch
+                v = (tidx + i * THREADS) % nla if nla < THREADS else tidx + i * THREADS
+                self._stage_la(mLA, sLA, vbuf, m, m0, ch, vpr, v)
             cute.arch.fence_proxy("async.shared", space="cta")
             self._mma_sync()
             warpgroup.fence()

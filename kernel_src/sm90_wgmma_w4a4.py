@@ -12,8 +12,8 @@ from typing import Optional
 from cutlass import Float32, Uint8
 
 from .compiled_output import compile_kernel, cubin_resource_usage, refuse_invalid
-from .sm90_plan import (DEFAULT_STAGES, DEFAULT_TILE, K_MULTIPLE, SMEM_LIMIT_BYTES, _cfg_of, _problem,
-                        _smem_plan, ksplit_of, threads_of)
+from .sm90_plan import (DEFAULT_STAGES, DEFAULT_TILE, SMEM_LIMIT_BYTES, TILE_K, _cfg_of, _problem, _smem_plan,
+                        k_unroll, ksplit_of, threads_of)
 from .sm90_wgmma_kernel import _OUT_DTYPES, _Sm90Wgmma
 
 __all__ = [
@@ -28,7 +28,9 @@ ARCHS = ("sm_90a",)
 NAME = "sm90_wgmma_w4a4"
 
 TUNING: dict[str, tuple] = dict(
-    tile_m=(128, 256),      # activation rows per tile (the wgmma N extent)
+    # activation rows per tile (the wgmma N extent); 64 only with a warp-specialised schedule (for M <= 64:
+    # half the MMA work of the 128-row tile where most rows are padding)
+    tile_m=(64, 128, 256),
     # weight rows per tile: two MMA warpgroups of tile_n/128 64-row wgmma atoms each.  256 only with
     # schedule ws (coop spilled: 8-byte stack frame at 255 registers, rank 64 and 128)
     tile_n=(128, 256),
@@ -51,6 +53,10 @@ TUNING: dict[str, tuple] = dict(
     # added through distributed SMEM (for small M, where N / 128 tiles leave most SMs idle; up to 2.9x faster
     # there on the H200, docs/PERF.md session 5)
     schedule=("coop", "ws", "ws_splitk2", "ws_splitk4"),
+    # ws*: raw weight register sets of the MMA warps, each loaded that many k-tiles before it is decoded (2:
+    # the measured default; 4: 12 more registers, for small M, where a CTA's k-tile is shorter than the
+    # weight load's latency over two k-tiles)
+    wsets=(2, 4),
 )
 FEATURE_VALUES: dict[str, tuple] = dict(
     out_dtype=("fp16", "bf16"),
@@ -63,16 +69,17 @@ FEATURE_VALUES: dict[str, tuple] = dict(
 #: Selection rule (svdq_loader.select_rules).  First a grid-fill estimate on the device's SMs (one CTA per SM
 #: for every form: 256-384 threads at up to 255 / 216 registers), fitted to the H200 sweep of session 5 in
 #: docs/PERF.md (tools/sm90_sweep.py, M = 16 ... 1024, the three FLUX (K, N) of configs/sm90_ws.yaml): per
-#: 64-k step a 256-row tile costs 0.86 x twice a 128-row one (0.85-0.87 measured at M = 256 and 1024), and
+#: 64-k step a 256-row tile costs 0.86 x twice a 128-row one (0.85-0.87 measured at M = 256 and 1024), a
+#: 64-row tile 0.83 x one 128-row tile (0.82-0.83 at M = 16 and 64, where both have the same CTAs), and
 #: splitting K over 2 / 4 CTAs of a cluster costs about 7 / 11 extra k-steps (the reduction and a second
 #: pipeline fill: t = 0.51 us x k-steps + 4.7 / 8.1 / 10.5 us for 1 / 2 / 4 CTAs at M = 16, N = 3072).
-#: With those constants it picks the fastest form at every one of the 12 measured shapes.  Ties (equal
+#: With those constants it picks the fastest built form at 15 of the 15 measured shapes.  Ties (equal
 #: estimates: many waves, or the same tile) go to the M bucket's order: the 128-row tile up to M = 256, the
 #: 256-row one above; then the warp-specialised form with two raw register sets (12-21 % faster than coop
 #: with one set at the 128-row tile; at the 256-row tile the schedules tie within +-4 %, and
 #: configs/flux.yaml builds coop there); then the faster decode forms (act_decode prmt, skip_pad on).
 _FILL = {"fill": {"tile": ["tile_m", "tile_n", "tile_k"], "ctas_per_sm": 1,
-                  "factor": {"knob": "tile_m", "values": [[256, 0.86]]},
+                  "factor": {"knob": "tile_m", "values": [[64, 1.66], [256, 0.86]]},
                   "split": {"knob": "schedule", "values": [["ws_splitk2", 2, 7], ["ws_splitk4", 4, 11]]}}}
 _FORMS = [{"knob": "act_decode", "values": ["prmt", "shift"]}, {"knob": "skip_pad", "values": [True, False]}]
 SELECTION = [
@@ -104,7 +111,8 @@ def config_axes(arch: str, section: dict) -> tuple[list[dict], list[str]]:
     """``variants.sm_90a.gemm_w4a4`` -> tuning-knob dicts; keys ``tiles`` ([[tile_m, tile_n, tile_k], ...]),
     ``stages`` ([auto | 3 | 4, ...]; auto = the deepest that fits), ``prefetch`` ([1 | 2, ...]; default [1])
     ``skip_pad`` ([false | true]; default [true]), ``act_decode`` ([shift | prmt]; default [prmt]) and
-    ``schedule`` ([coop | ws | ws_splitk2 | ws_splitk4]; default [coop]): every combination of the listed values.
+    ``schedule`` ([coop | ws | ws_splitk2 | ws_splitk4]; default [coop]) and ``wsets`` ([2 | 4]; default [2]):
+    every combination of the listed values.
 
     Or ``forms``: a list of such sections (a key a form leaves out takes its default), built as the union of
     each form's combinations -- one schedule for the small tile and another for the large one without building
@@ -129,7 +137,7 @@ def config_axes(arch: str, section: dict) -> tuple[list[dict], list[str]]:
 def _form_axes(section: dict, where: str) -> tuple[list[dict], list[str]]:
     """One section's (or one form's) product of knob values; `where` prefixes its problems."""
     problems: list[str] = []
-    allowed = ("tiles", "stages", "prefetch", "skip_pad", "act_decode", "schedule")
+    allowed = ("tiles", "stages", "prefetch", "skip_pad", "act_decode", "schedule", "wsets")
     for key in sorted(set(section) - set(allowed)):
         problems.append(f"{where}{key}: unknown key (allowed: {', '.join(allowed)})")
     tiles = section.get("tiles", [list(DEFAULT_TILE)])
@@ -147,7 +155,8 @@ def _form_axes(section: dict, where: str) -> tuple[list[dict], list[str]]:
             good_tiles.append(t)
     lists = {}
     for key, default, kind in (("stages", ["auto"], "auto"), ("prefetch", [1], "int"), ("skip_pad", [True], "bool"),
-                               ("act_decode", ["prmt"], "name"), ("schedule", ["coop"], "name")):
+                               ("act_decode", ["prmt"], "name"), ("schedule", ["coop"], "name"),
+                               ("wsets", [2], "int")):
         vals = section.get(key, default)
         good = []
         if not isinstance(vals, list) or not vals:
@@ -169,9 +178,9 @@ def _form_axes(section: dict, where: str) -> tuple[list[dict], list[str]]:
                 good.append(v)
         lists[key] = good
     return [dict(tile_m=t[0], tile_n=t[1], tile_k=t[2], stages=s, prefetch=p, skip_pad=sp, act_decode=ad,
-                 schedule=sc)
+                 schedule=sc, wsets=w)
             for t in good_tiles for s in lists["stages"] for p in lists["prefetch"] for sp in lists["skip_pad"]
-            for ad in lists["act_decode"] for sc in lists["schedule"]], problems
+            for ad in lists["act_decode"] for sc in lists["schedule"] for w in lists["wsets"]], problems
 
 
 def resolve(arch: str, knobs: dict) -> dict:
@@ -195,8 +204,10 @@ def invalid_reason(arch: str, knobs: dict) -> Optional[str]:
 
 
 def requirements(arch: str, knobs: dict) -> dict:
-    """N: whole weight tiles; K: the k loop is unrolled by two, and split K gives each CTA whole pairs."""
-    return {"n_multiple": int(knobs["tile_n"]), "k_multiple": K_MULTIPLE * ksplit_of(_cfg_of(knobs))}
+    """N: whole weight tiles; K: the k loop is unrolled by two (ws with 4 weight sets: by four), and split K
+    gives each CTA whole unrolled steps."""
+    cfg = _cfg_of(knobs)
+    return {"n_multiple": int(knobs["tile_n"]), "k_multiple": k_unroll(cfg) * TILE_K * ksplit_of(cfg)}
 
 
 def compile(arch: str, knobs: dict, name: str, dump_dir: str, *, keep_ptx: bool = False):

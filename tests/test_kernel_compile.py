@@ -33,7 +33,7 @@ def make_knobs(out_dtype="fp16", rank=32, wcscale=True, bias=True, **kw):
     """A complete knob dict: the op's features (spec order), then the family's tuning knobs."""
     knobs = dict(out_dtype=out_dtype, rank=rank, wcscale=wcscale, bias=bias, scale_layout="logical",
                  tile_m=DEFAULT_TM, tile_n=DEFAULT_TN, tile_k=DEFAULT_TK, stages=sm90.DEFAULT_STAGES,
-                 prefetch=1, skip_pad=False, act_decode="shift", schedule="coop")
+                 prefetch=1, skip_pad=False, act_decode="shift", schedule="coop", wsets=2)
     knobs.update(kw)
     return knobs
 
@@ -68,7 +68,7 @@ def test_family_meets_the_contract():
     assert isinstance(sm90, Family)
     assert sm90.OP == "gemm_w4a4" and sm90.ARCHS == ("sm_90a",) and sm90.NAME == "sm90_wgmma_w4a4"
     assert set(sm90.TUNING) == {"tile_m", "tile_n", "tile_k", "stages", "prefetch", "skip_pad",
-                                 "act_decode", "schedule"}
+                                 "act_decode", "schedule", "wsets"}
     assert not set(sm90.TUNING) & set(GEMM_W4A4.feature_names)
     assert tuple(sm90.FEATURE_VALUES) == GEMM_W4A4.feature_names
 
@@ -100,7 +100,13 @@ def test_invalid_reason_accepts_every_rank_and_tile():
                 assert Variant.make("gemm_w4a4", ARCH, k).invalid_reason() is None, k
                 assert sm90.smem_bytes_for(k) <= sm90.SMEM_LIMIT_BYTES
                 assert sm90.threads_for(k) == 256
-            for sc, pf in (("ws_splitk2", 1), ("ws_splitk4", 2)):          # split K: the 128-row tile only
+            for sc, w in (("ws", 4), ("ws_splitk2", 4), ("ws_splitk4", 4), ("ws_splitk4", 2)):   # the 64-row tile
+                k = make_knobs(out_dtype=out_dtype, rank=rank, tile_m=64, prefetch=2, skip_pad=True, schedule=sc,
+                               wsets=w)
+                assert sm90.invalid_reason(ARCH, k) is None, k
+                split = {"ws": 1}.get(sc) or int(sc[-1])
+                assert sm90.requirements(ARCH, k) == {"n_multiple": 128, "k_multiple": 64 * max(2, w) * split}
+            for sc, pf in (("ws_splitk2", 1), ("ws_splitk4", 2)):          # split K: not the 256-row tile
                 k = make_knobs(out_dtype=out_dtype, rank=rank, prefetch=pf, schedule=sc)
                 assert sm90.invalid_reason(ARCH, k) is None, k
                 assert sm90.threads_for(k) == 384
@@ -144,6 +150,10 @@ def test_ws_register_split_fits_the_launch_allocation():
     (dict(scale_layout="blocked"), "scale_layout 'blocked' not supported"),
     (dict(wcscale=1), "wcscale 1 not supported"),
     (dict(cluster_m=2), "unknown knobs ['cluster_m']"),
+    (dict(tile_m=64), "tile_m 64 with schedule coop: its 64 x 2 32-k activation chunks per k-tile do not divide "
+                      "over the 256 decoding threads"),
+    (dict(wsets=4), "wsets 4 with schedule coop"),
+    (dict(wsets=3, schedule="ws"), "wsets 3 not supported"),
 ])
 def test_invalid_reason_rejects_with_a_reason(knobs, words):
     reason = sm90.invalid_reason(ARCH, make_knobs(**knobs))
@@ -165,16 +175,17 @@ def test_variant_name_requirements_and_resolve():
     k = make_knobs(out_dtype="bf16", rank=32)
     v = Variant.make("gemm_w4a4", ARCH, k)
     assert v.name == ("svdq_gemm_w4a4_sm90a_outdtypebf16_rank32_wcscale1_bias1"
-                      "_tilem128_tilen128_tilek64_stages4_prefetch1_skippad0_actdecodeshift_schedulecoop_reqn128k128")
+                      "_tilem128_tilen128_tilek64_stages4_prefetch1_skippad0_actdecodeshift_schedulecoop_wsets2"
+                      "_reqn128k128")
     assert v.name == name_of(k) and v.knob_dict == k and v.family() is sm90
     # N is tiled by 128 weight rows; K by 64, and the k loop is unrolled by two
     assert v.requirements() == {"n_multiple": 128, "k_multiple": 128}
     assert sm90.resolve(ARCH, dict(k, stages="auto")) == k
     assert sm90.config_axes(ARCH, {}) == ([dict(tile_m=128, tile_n=128, tile_k=64, stages="auto", prefetch=1,
-                                                   skip_pad=True, act_decode="prmt", schedule="coop")], [])
+                                                   skip_pad=True, act_decode="prmt", schedule="coop", wsets=2)], [])
     axes, problems = sm90.config_axes(ARCH, {"tiles": [[256, 128, 64], [256, 128, 64]], "clusters": [[1, 1]]})
     assert axes == [dict(tile_m=256, tile_n=128, tile_k=64, stages="auto", prefetch=1, skip_pad=True,
-                         act_decode="prmt", schedule="coop")]
+                         act_decode="prmt", schedule="coop", wsets=2)]
     assert any(p.startswith("clusters:") for p in problems)
     assert any(p.startswith("tiles[1]:") and "duplicate" in p for p in problems)
     axes, problems = sm90.config_axes(ARCH, {"prefetch": [1, 2, 2]})
@@ -196,9 +207,9 @@ def test_config_forms_are_a_union_not_a_product():
         {"tiles": [[256, 128, 64]]}]})                      # the same form again: no duplicate
     assert problems == []
     assert axes == [dict(tile_m=128, tile_n=128, tile_k=64, stages="auto", prefetch=2, skip_pad=True,
-                         act_decode="prmt", schedule="ws"),
+                         act_decode="prmt", schedule="ws", wsets=2),
                     dict(tile_m=256, tile_n=128, tile_k=64, stages="auto", prefetch=1, skip_pad=True,
-                         act_decode="prmt", schedule="coop")]
+                         act_decode="prmt", schedule="coop", wsets=2)]
     _, problems = sm90.config_axes(ARCH, {"forms": [{"tiles": [[128, 128, 64]], "schedul": ["ws"]}],
                                           "stages": [4]})
     assert any(p.startswith("forms[0].schedul: unknown key") for p in problems)
@@ -267,6 +278,12 @@ COMPILE_CASES = [
     dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, prefetch=2, skip_pad=True, act_decode="prmt",
          schedule="ws_splitk4"),
     dict(out_dtype="fp16", rank=96, wcscale=False, bias=True, schedule="ws_splitk2"),
+    # the 64-row tile (wgmma N = 64) with four raw weight sets: unsplit at a 16-rank LoRA chunk (two threads
+    # per lora_act_in vector), and split over four CTAs (configs/flux.yaml's M <= 64 forms)
+    dict(out_dtype="bf16", rank=16, wcscale=True, bias=True, tile_m=64, prefetch=2, skip_pad=True,
+         act_decode="prmt", schedule="ws", wsets=4),
+    dict(out_dtype="fp16", rank=96, wcscale=True, bias=False, tile_m=64, prefetch=2, skip_pad=True,
+         act_decode="prmt", schedule="ws_splitk4", wsets=4),
 ]
 
 
@@ -302,7 +319,7 @@ def test_compile_produces_a_clean_sm90a_cubin(knobs, tmp_path):
         pytest.fail("cuobjdump / nvdisasm not found: install the test extra or set SVDQ_ALLOW_NO_SASS=1")
     hgmma = re.findall(r"HGMMA\.64x%dx16\.F32(\.BF16)? R\d+, (R\d+|gdesc)" % k["tile_m"], sass)
     main = [h for h in hgmma if h[1].startswith("R")]      # register-sourced A: the weight fragments
-    assert len(main) == 2 * 4, hgmma                        # two unrolled k-tiles x four k16 steps
+    assert len(main) == max(2, k["wsets"]) * 4, hgmma      # two (four) unrolled k-tiles x four k16 steps
     assert len(hgmma) - len(main) == k["rank"] // 16        # one SMEM-sourced HGMMA per 16 ranks
     assert not re.search(r"\b(STL|LDL)\b", sass), "local-memory traffic in the SASS"
     assert "LDG.E.128" in sass and "STS.128" in sass
@@ -318,7 +335,7 @@ def test_compile_produces_a_clean_sm90a_cubin(knobs, tmp_path):
         # the two cluster barriers around the reduction, joined by the producer and the MMA warps; rank 0 reads
         # each peer's 64 partial sums per thread as 16 128-bit distributed-SMEM loads
         assert sass.count("UCGABAR_ARV") == 4 and sass.count("UCGABAR_WAIT") == 4
-        assert len(re.findall(r"\bLD\.E\.128\b", sass)) >= 16
+        assert len(re.findall(r"\bLD\.E\.128\b", sass)) >= k["tile_m"] // 8
     else:
         assert "UCGABAR" not in sass
     if k["schedule"].startswith("ws"):

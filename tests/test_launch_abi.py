@@ -320,8 +320,9 @@ def test_vm_refuses_wrong_arg_count():
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("schedule", ["coop", "ws", "ws_splitk4"])
-def test_project_sm90_gemm_kernel_matches_dsl(tmp_path, schedule):
+@pytest.mark.parametrize("schedule, tile_m, wsets", [("coop", 128, 2), ("ws", 128, 2), ("ws_splitk4", 128, 2),
+                                                     ("ws_splitk4", 64, 4)])
+def test_project_sm90_gemm_kernel_matches_dsl(tmp_path, schedule, tile_m, wsets):
     from svdq_aot.host_ir import serialize_host
     from svdq_kernels import registry
     from svdq_loader.cubin_info import param_sizes
@@ -329,8 +330,8 @@ def test_project_sm90_gemm_kernel_matches_dsl(tmp_path, schedule):
 
     fam = registry.family("gemm_w4a4", "sm_90a")
     knobs = dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, scale_layout="logical",
-                 tile_m=128, tile_n=128, tile_k=64, stages=4, prefetch=1,
-                 skip_pad=False, act_decode="shift", schedule=schedule)
+                 tile_m=tile_m, tile_n=128, tile_k=64, stages=4, prefetch=1,
+                 skip_pad=False, act_decode="shift", schedule=schedule, wsets=wsets)
     assert fam.invalid_reason("sm_90a", knobs) is None
     name = GEMM_W4A4.name_for("sm_90a", knobs, fam.requirements("sm_90a", knobs))
     ck = fam.compile("sm_90a", knobs, name, str(tmp_path))
@@ -360,7 +361,7 @@ def test_project_sm90_gemm_kernel_matches_dsl(tmp_path, schedule):
         # the documented launch: a persistent grid of min(tiles, sm_count) CTAs, 256 threads (ws: 384), the
         # planned SMEM
         assert vm.kernel == sym
-        tiles = -(-m // 128) * (n // 128)
+        tiles = -(-m // tile_m) * (n // 128)
         if schedule == "ws_splitk4":        # one tile per cluster of 4 CTAs, not persistent
             assert vm.grid == (4 * tiles, 1, 1) and vm.cluster == (4, 1, 1)
         else:
@@ -377,10 +378,11 @@ def test_project_sm90_gemm_kernel_matches_dsl(tmp_path, schedule):
     dev = lambda a, d: 232448 if a == 97 else 0  # noqa: E731
     kat = lambda k, a, d: 0  # noqa: E731
     assert prog.load_plan(dev, kat, 0) == O.dsl_oracle_load_plan(ck.compiled, dev, kat, 0)
-    # sm_count caps the grid and nothing else: 3 x 2 tiles -> 6 CTAs on a big GPU, 1 on a one-SM one
+    # sm_count caps the grid and nothing else: 3 x 2 tiles of 128 rows (5 x 2 of 64) -> 6 CTAs on a big GPU,
+    # 1 on a one-SM one
     base = [_ptr(rng) for _ in range(nptr)] + [300, 256, 128]
     big, one = prog.launch(base + [132, 0], sizes), prog.launch(base + [1, 0], sizes)
     if schedule == "ws_splitk4":     # not persistent: the grid is 4 CTAs per tile, whatever the SM count
-        assert big.grid == one.grid == (24, 1, 1) and big.params == one.params
+        assert big.grid == one.grid == (4 * 2 * -(-300 // tile_m), 1, 1) and big.params == one.params
     else:
         assert big.grid == (6, 1, 1) and one.grid == (1, 1, 1) and big.params == one.params

@@ -32,15 +32,19 @@ from svdq_loader.ops import op_spec  # noqa: E402
 CASES = {
     "gemm_w4a4": ("sm_90a", dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, scale_layout="logical",
                                  tile_m=128, tile_n=128, tile_k=64, stages=4, prefetch=1,
-                 skip_pad=False, act_decode="shift", schedule="coop")),
+                 skip_pad=False, act_decode="shift", schedule="coop", wsets=2)),
     # the warp-specialised form configs/flux.yaml builds for M <= 256 (384 threads, min_blocks_per_mp 1)
     "gemm_w4a4@ws": ("sm_90a", dict(out_dtype="fp16", rank=32, wcscale=True, bias=True, scale_layout="logical",
                                     tile_m=128, tile_n=128, tile_k=64, stages=4, prefetch=2,
-                                    skip_pad=True, act_decode="prmt", schedule="ws")),
+                                    skip_pad=True, act_decode="prmt", schedule="ws", wsets=2)),
+    # the 64-row tile with four weight sets, unrolled by four (configs/flux.yaml's M <= 64 form)
+    "gemm_w4a4@ws64": ("sm_90a", dict(out_dtype="bf16", rank=16, wcscale=True, bias=True, scale_layout="logical",
+                                      tile_m=64, tile_n=128, tile_k=64, stages=4, prefetch=2,
+                                      skip_pad=True, act_decode="prmt", schedule="ws", wsets=4)),
     # split K: one tile per cluster of four CTAs (float64-checked on the H200, session 5)
     "gemm_w4a4@splitk": ("sm_90a", dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, scale_layout="logical",
                                         tile_m=128, tile_n=128, tile_k=64, stages=4, prefetch=2,
-                                        skip_pad=True, act_decode="prmt", schedule="ws_splitk4")),
+                                        skip_pad=True, act_decode="prmt", schedule="ws_splitk4", wsets=2)),
     "quantize_act": ("sm_90a", dict(dtype="bf16", rank=32, scale_layout="logical", warps=4, mtiles=1)),
     # GeForce/workstation Blackwell: blocked scale layout, the 2-warp variant configs/flux.yaml builds
     "quantize_act@sm_121a": ("sm_121a", dict(dtype="fp16", rank=32, scale_layout="blocked", warps=2, mtiles=1)),
@@ -69,27 +73,32 @@ def _random_args(op, req, rng):
                                 sm_counts=[78, 114, 132, 148], null_rate=0.15)
 
 
-#: cases whose launch a recipe cannot express, so the loader interprets the host program (per-shape cached)
-NO_RECIPE = {"gemm_w4a4@splitk": "grid[0]"}     # 4 x ceil(m/128) x (n/128) wraps 32 bits inside the sample box
+#: cases whose launch a recipe cannot express over a wider box than the build's (m < 2^24, n < 2^20: the four-way
+#: split's grid, 4 x ceil(m/128) x (n/128), wraps 32 bits at its corner), so the loader would interpret the host
+#: program there (per-shape cached)
+NO_RECIPE = {"gemm_w4a4@splitk": "grid[0]"}
+_WIDE_BOX = {"m": (1, 1 << 24), "n": (1, 1 << 20), "k": (1, 1 << 20)}
 
 
 @pytest.mark.parametrize("case", sorted(NO_RECIPE))
 def test_cases_without_a_recipe_fall_back_to_the_interpreter(case, monkeypatch):
-    """The build's recipe derivation refuses, naming the field; the interpreter's launch is what the DSL's host
-    code does (``test_launch_abi.py`` checks that for the split-K form)."""
+    """Over the wide box the build's recipe derivation refuses, naming the field; the interpreter's launch is
+    what the DSL's host code does (``test_launch_abi.py`` checks that for the split-K form).  Over the build's
+    own box (DIM_LIMITS) the same variant gets a recipe (the bit-exact test below)."""
     import svdq_aot.derive_recipe as D
     ck, _, _, req, recipe_doc = _built(case)
-    assert recipe_doc is None
+    assert recipe_doc is not None
     reasons = []
     real = D.derive_recipe
     monkeypatch.setattr(D, "derive_recipe", lambda *a, **kw: (lambda r: reasons.append(r[1]) or r)(real(*a, **kw)))
+    monkeypatch.setattr(D, "DIM_LIMITS", _WIDE_BOX)
     host = json.loads(json.dumps(serialize_host(ck.compiled)))
     params = {s: tuple(tuple(p) for p in ps) for s, ps in kernel_params(ck.cubin).items()}
     assert derive_for_op(op_spec(case.split("@")[0]), host, params, req) is None
     assert len(reasons) == 1 and reasons[0].startswith(NO_RECIPE[case]), reasons
 
 
-@pytest.mark.parametrize("case", sorted(set(CASES) - set(NO_RECIPE)))
+@pytest.mark.parametrize("case", sorted(CASES))
 def test_recipe_exists_and_is_bit_exact_with_the_dsl(case):
     op = case.split("@")[0]
     ck, program, sizes, req, recipe_doc = _built(case)
