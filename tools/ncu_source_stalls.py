@@ -24,17 +24,19 @@ def main(argv=None) -> int:
                          capture_output=True, text=True).stdout
     lines = [ln for ln in txt.splitlines() if ln.startswith('"')]
     rows = list(csv.reader(io.StringIO("\n".join(lines))))
-    if not rows:
+    at = next((i for i, r in enumerate(rows) if any(c.strip().lower() == "source" for c in r)), None)
+    if at is None:
         print(txt[:3000])
         return 1
-    head = rows[0]
+    head, rows = rows[at], rows[at:]
     print("columns:", head[:40])
     def col(*keys):
         for i, h in enumerate(head):
             if all(k.lower() in h.lower() for k in keys):
                 return i
         return None
-    c_src, c_addr = col("source"), col("address")
+    c_src = next((i for i, h in enumerate(head) if h.strip().lower() == "source"), None)
+    c_addr = col("address")
     c_all = col("warp stall sampling", "all")
     c_exec = col("instructions executed")
     if c_src is None or c_all is None:

@@ -27,7 +27,8 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=3)
     a = ap.parse_args(argv)
     lib = svdq_loader.load(a.artifacts)
-    names = [e.name for e in lib.variants if e.op == "gemm_w4a4" and "rank32_" in e.name and "outdtypebf16" in e.name
+    names = [e.name for e in lib.variants if e.op == "gemm_w4a4" and "rank32_wcscale1_bias1_" in e.name
+             and "outdtypebf16" in e.name
              and all(s in e.name for s in a.match)]
     if len(names) != 1:
         print(f"{len(names)} variants match {a.match}: {names[:6]}")
