@@ -150,7 +150,7 @@ def _shard(ctx, param, value):
 @click.option("--no-cache", is_flag=True, help="neither read nor fill the cache")
 @click.option("--force", is_flag=True, help="build into a non-empty folder no svdq-aot build wrote "
               "(only the files this build writes are ever touched)")
-@click.option("--yes", "-y", is_flag=True, help="confirm a build of more than 500 variants to compile")
+@click.option("--yes", "-y", is_flag=True, help="confirm a build of more than 1000 variants to compile")
 @click.option("--plain", is_flag=True, help="plain progress lines even on a terminal")
 @json_option
 def build(config: Path, out: Path, jobs: int | None, keep_going: bool, shard, cache_dir: Path | None,
