@@ -13,7 +13,6 @@ from .gemm_features import GemmFeatures, gemm_feature_values
 DEFAULT_TILE = (128, 128, 64)
 DEFAULT_STAGES = 4
 TILE_K = 64
-K_MULTIPLE = 2 * TILE_K          # the k loop is unrolled by two (register double buffer)
 THREADS = 256                    # coop: two warpgroups; ws: the consumer warpgroups
 WS_THREADS = 384                 # ws: producer warpgroup 0 + consumer warpgroups 1 and 2
 #: setmaxnreg only moves registers inside the CTA's launch allocation: the kernel starts at 168 registers

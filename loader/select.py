@@ -21,7 +21,7 @@ from typing import Mapping, Sequence
 
 from .errors import UnsupportedProblem
 from .ops import op_spec
-from .select_rules import Rule, rule_for
+from .select_rules import Fill, Rule, rule_for
 
 
 @dataclass(frozen=True)
@@ -171,7 +171,7 @@ def explain(variants: Sequence, rules: Mapping[tuple[str, str, str], Rule], p: P
                   f"prefer: {prefs}")
     if b.prefer:
         ex.why.append("chosen knobs: " + ", ".join(x.chosen_text(best.knobs, dims, sms) for x in b.prefer))
-    if sm_count is None and any(not hasattr(x, "knob") for x in b.prefer):
+    if sm_count is None and any(isinstance(x, Fill) for x in b.prefer):
         ex.why.append(f"the grid fill assumes {sms} SMs (no device given)")
     for v in keyed[1:]:
         ex.rejected.append((v.name, _outranked(rules, p, v, best, sms)))

@@ -29,22 +29,17 @@ from svdq_loader.hostvm import HostProgram  # noqa: E402
 from svdq_loader.launch_recipe import LaunchRecipe  # noqa: E402
 from svdq_loader.ops import op_spec  # noqa: E402
 
+#: the sm_90a GEMM knobs every case shares (features, then tuning); each case names what it changes
+_SM90 = dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, scale_layout="logical", tile_m=128, tile_n=128,
+             tile_k=64, stages=4, prefetch=2, skip_pad=True, act_decode="prmt", schedule="ws", wsets=2)
 CASES = {
-    "gemm_w4a4": ("sm_90a", dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, scale_layout="logical",
-                                 tile_m=128, tile_n=128, tile_k=64, stages=4, prefetch=1,
-                 skip_pad=False, act_decode="shift", schedule="coop", wsets=2)),
+    "gemm_w4a4": ("sm_90a", dict(_SM90, prefetch=1, skip_pad=False, act_decode="shift", schedule="coop")),
     # the warp-specialised form configs/flux.yaml builds for M <= 256 (384 threads, min_blocks_per_mp 1)
-    "gemm_w4a4@ws": ("sm_90a", dict(out_dtype="fp16", rank=32, wcscale=True, bias=True, scale_layout="logical",
-                                    tile_m=128, tile_n=128, tile_k=64, stages=4, prefetch=2,
-                                    skip_pad=True, act_decode="prmt", schedule="ws", wsets=2)),
+    "gemm_w4a4@ws": ("sm_90a", dict(_SM90, out_dtype="fp16")),
     # the 64-row tile with four weight sets, unrolled by four (configs/flux.yaml's M <= 64 form)
-    "gemm_w4a4@ws64": ("sm_90a", dict(out_dtype="bf16", rank=16, wcscale=True, bias=True, scale_layout="logical",
-                                      tile_m=64, tile_n=128, tile_k=64, stages=4, prefetch=2,
-                                      skip_pad=True, act_decode="prmt", schedule="ws", wsets=4)),
+    "gemm_w4a4@ws64": ("sm_90a", dict(_SM90, rank=16, tile_m=64, wsets=4)),
     # split K: one tile per cluster of four CTAs (float64-checked on the H200, session 5)
-    "gemm_w4a4@splitk": ("sm_90a", dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, scale_layout="logical",
-                                        tile_m=128, tile_n=128, tile_k=64, stages=4, prefetch=2,
-                                        skip_pad=True, act_decode="prmt", schedule="ws_splitk4", wsets=2)),
+    "gemm_w4a4@splitk": ("sm_90a", dict(_SM90, schedule="ws_splitk4")),
     "quantize_act": ("sm_90a", dict(dtype="bf16", rank=32, scale_layout="logical", warps=4, mtiles=1)),
     # GeForce/workstation Blackwell: blocked scale layout, the 2-warp variant configs/flux.yaml builds
     "quantize_act@sm_121a": ("sm_121a", dict(dtype="fp16", rank=32, scale_layout="blocked", warps=2, mtiles=1)),

@@ -10,6 +10,8 @@ layout the GEMM family of the device reads (`layouts.SCALE_LAYOUT_BY_ARCH`),
 """
 from __future__ import annotations
 
+import functools
+
 from .layouts import SCALE_LAYOUT_BY_ARCH
 from .spec import PTR_ALIGN, Feature, OpSpec
 
@@ -131,6 +133,7 @@ def plan_call(arch: str, x, *, smooth=None, lora_down=None, out_act=None, out_sc
 KSPLIT_MAX = 8
 
 
+@functools.lru_cache(maxsize=4096)
 def ksplit_for(m: int, k: int, rank: int, sm_count: int) -> int:
     """CTAs (one cluster along K) per 16-row tile of the launch, from M, K, the rank and the SM count.
 
@@ -138,6 +141,7 @@ def ksplit_for(m: int, k: int, rank: int, sm_count: int) -> int:
     large M (finer work units than the 16-row tile: 11-14 % faster at M = 4608, K >= 12288), and below
     one tile per SM as many as keep one CTA per SM; without LoRA (4 CTAs per SM) 4 per tile, or as many
     as keep two CTAs per SM.  A power of two, at most KSPLIT_MAX, and at most one per step of a warp.
+    Memoised: the loader asks on every call, with the cache key's own values.
     """
     tiles = -(-m // 16)
     fill, floor = (sm_count, 2) if rank else (2 * sm_count, 4)
