@@ -115,6 +115,21 @@ def coverage_gaps(config: Config, valid: list[Variant],
                     rule = spec.shape_problem(reqs[cands[0]], dims)
                     gaps.append((where, f"{label} is not served by any {op} variant on {arch} for "
                                         f"{', '.join(fkeys)} ({cands[0].name}: {rule})"))
+    gaps += prepass_gaps(valid)
+    return gaps
+
+
+def prepass_gaps(valid: list[Variant]) -> list[tuple[str, str]]:
+    """(config key, problem) for every variant whose call runs another op first (the op spec's
+    ``prepass``) where the build has no variant of that op on the same arch."""
+    have = {(v.op, v.arch) for v in valid}
+    gaps: list[tuple[str, str]] = []
+    for v in valid:
+        pre = op_spec(v.op).prepass(v.knob_dict)
+        if pre and (pre, v.arch) not in have:
+            gaps.append((f"variants.{v.arch}.{pre}",
+                         f"{v.name} runs {pre} before each call, and the config builds no {pre} variant on "
+                         f"{v.arch} (add `{pre}: {{}}` under variants.{v.arch})"))
     return gaps
 
 

@@ -22,6 +22,7 @@ FAMILIES: dict[tuple[str, str], str] = {
     ("gemm_w4a4", "sm_121a"): "svdq_kernels.sm120_gemm_w4a4",
     ("quantize_act", "sm_120a"): "svdq_kernels.quantize_act",
     ("quantize_act", "sm_121a"): "svdq_kernels.quantize_act",
+    ("decode_act", "sm_90a"): "svdq_kernels.sm90_decode_act",
 }
 
 

@@ -1,8 +1,8 @@
 """Inline PTX of the sm_90a GEMM: the exact E2M1 / E4M3 decodes into fp16x2, and the shared / distributed-shared
-fp32 moves of its split-K reduction (build time only, CuTe-DSL)."""
+fp32 moves of its split-K reduction, the bulk copy of pre-decoded stage images (build time only, CuTe-DSL)."""
 from __future__ import annotations
 
-from cutlass import Float32, Int32
+from cutlass import Float32, Int32, Int64
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
@@ -99,3 +99,12 @@ def _ld_cluster_v4f(saddr, rank, *, loc=None, ip=None):
                         asm_dialect=llvm.AsmDialect.AD_ATT)
     return [Float32(llvm.extractvalue(Float32.mlir_type, r, [i])) for i in range(4)]
 
+
+@dsl_user_op
+def _bulk_g2s(saddr, gaddr, nbytes, mbar, *, loc=None, ip=None):
+    """cp.async.bulk of `nbytes` contiguous bytes from global address `gaddr` to this CTA's shared address `saddr`,
+    completing as transaction bytes on the mbarrier at shared address `mbar` (async proxy: no proxy fence)."""
+    llvm.inline_asm(None, [Int32(saddr).ir_value(), Int64(gaddr).ir_value(), Int32(nbytes).ir_value(),
+                           Int32(mbar).ir_value()],
+                    "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];",
+                    "r,l,r,r", has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)

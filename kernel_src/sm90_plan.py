@@ -36,13 +36,14 @@ class _Cfg(GemmFeatures):
     act_decode: str = "shift"
     schedule: str = "coop"
     wsets: int = 2
+    act_source: str = "nvfp4"
 
 
 def _cfg_of(knobs: dict) -> _Cfg:
     return _Cfg(*gemm_feature_values(knobs),
                 int(knobs["tile_m"]), int(knobs["tile_n"]), int(knobs["stages"]), int(knobs["prefetch"]),
                 bool(knobs["skip_pad"]), str(knobs["act_decode"]), str(knobs.get("schedule", "coop")),
-                int(knobs.get("wsets", 2)))
+                int(knobs.get("wsets", 2)), str(knobs.get("act_source", "nvfp4")))
 
 
 def k_unroll(cfg: _Cfg) -> int:
@@ -83,6 +84,9 @@ def _problem(cfg: _Cfg) -> Optional[str]:
     if cfg.wsets != 2 and not is_ws(cfg):
         return (f"wsets {cfg.wsets} with schedule {cfg.schedule}: the weight register sets are the MMA warps' of "
                 f"a warp-specialised schedule (coop loads weights one k-tile ahead with its activations)")
+    if cfg.act_source == "images" and not is_ws(cfg):
+        return (f"act_source images with schedule {cfg.schedule}: the bulk copies of the stage images are issued "
+                f"by the producer warpgroup of a warp-specialised schedule (ws, ws_splitk2, ws_splitk4)")
     if cfg.tile_m % 64:
         return f"tile_m {cfg.tile_m}: the activation tile is whole 64-row blocks (64, 128 or 256)"
     decoders = 128 if is_ws(cfg) else THREADS

@@ -73,8 +73,9 @@ try:
 except ImportError:  # older DSL
     from cutlass.utils import LayoutEnum
 
-from .sm90_decode_ptx import (_adecode, _adecode_prmt, _bcast, _byte_form, _ld_cluster_v4f, _scales_x128, _sts_v4f,
-                              _wdecode)
+from .sm90_decode_act import image_rows_dsl
+from .sm90_decode_ptx import (_adecode, _adecode_prmt, _bcast, _bulk_g2s, _byte_form, _ld_cluster_v4f, _scales_x128,
+                              _sts_v4f, _wdecode)
 from .sm90_plan import (TILE_K, THREADS, WS_CONSUMER_REGS, WS_PRODUCER_REGS, _Cfg, _lora_chunk, _problem,
                         _smem_plan, is_ws, k_unroll, ksplit_of, ring_slot, split_k_share, threads_of)
 
@@ -112,6 +113,7 @@ class _Sm90Wgmma:
         self.act_decode = cfg.act_decode
         self.wsets = cfg.wsets                   # ws*: raw weight register sets of the MMA warps
         self.unroll = k_unroll(cfg)              # ws*: k-tiles per unrolled main-loop step
+        self.images = cfg.act_source == "images"  # ws*: `act` holds decode_act's stage images
 
     @cute.jit
     def __call__(self, act: cute.Pointer, ascales: cute.Pointer, wgt: cute.Pointer, wscales: cute.Pointer,
@@ -346,7 +348,7 @@ class _Sm90Wgmma:
         bars = cute.recast_ptr(base + self.plan["bar_offset"], dtype=Int64)      # full[0..S), empty[0..S)
         if tidx == 0:
             for s in cutlass.range_constexpr(S):
-                cute.arch.mbarrier_init(bars + s, 128)
+                cute.arch.mbarrier_init(bars + s, 1 if self.images else 128)
                 cute.arch.mbarrier_init(bars + S + s, 8)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
@@ -361,7 +363,29 @@ class _Sm90Wgmma:
             t0, tstep = bid // KS, gdim // KS
             kabs, nk = split_k_share(rank, num_kt, KS)
             nk = cute.assume(nk, divby=self.unroll)
-        if wg == 0:
+        if wg == 0 and cutlass.const_expr(self.images):
+            # ---- producer (act_source images): one thread bulk-copies each k-tile's image rows ----------
+            cute.arch.setmaxregister_decrease(WS_PRODUCER_REGS)
+            TB = tm * TILE_K * 2                         # bytes of one stage = tm image rows of 128 bytes
+            if tidx == 0:
+                sbase = base.toint()
+                gbase = p_act.toint()
+                mp = Int64(image_rows_dsl(m))
+                for tile in cutlass.range(t0, tiles, tstep, unroll=1):
+                    m0 = (tile // tiles_n) * tm
+                    g0 = (tile - t0) // tstep * nk
+                    for kt in cutlass.range(0, nk, unroll=1):
+                        stage, par = ring_slot(g0 + kt, S)
+                        cute.arch.mbarrier_wait(bars + S + stage, par ^ 1)
+                        cute.arch.mbarrier_arrive_and_expect_tx(bars + stage, TB)
+                        src = gbase + (Int64(_k(kabs, kt)) * mp + m0) * (TILE_K * 2)
+                        _bulk_g2s(sbase + stage * TB, src, TB, (bars + stage).toint())
+            if cutlass.const_expr(KS > 1):
+                cute.arch.cluster_arrive()
+                cute.arch.cluster_wait()
+                cute.arch.cluster_arrive()
+                cute.arch.cluster_wait()
+        elif wg == 0:
             # ---- producer: raw activation bytes -> registers -> exact fp16 -> stage ------------------
             cute.arch.setmaxregister_decrease(WS_PRODUCER_REGS)
             P = self.prefetch

@@ -57,6 +57,12 @@ TUNING: dict[str, tuple] = dict(
     # the measured default; 4: 12 more registers, for small M, where a CTA's k-tile is shorter than the
     # weight load's latency over two k-tiles)
     wsets=(2, 4),
+    # ws*: what the op's `act` pointer holds.  "nvfp4": the NVFP4 activations (act / ascales), decoded by the
+    # producer warpgroup into the stages.  "images": the exact fp16 stage images the decode_act pass wrote
+    # (its format: svdq_loader.ops.decode_act); one producer thread bulk-copies each k-tile's rows into its
+    # stage, and the call runs decode_act first (the op spec's prepass), so the decode happens once per call
+    # rather than once per weight tile
+    act_source=("nvfp4", "images"),
 )
 FEATURE_VALUES: dict[str, tuple] = dict(
     out_dtype=("fp16", "bf16"),
@@ -73,21 +79,28 @@ FEATURE_VALUES: dict[str, tuple] = dict(
 #: 64-row tile 0.83 x one 128-row tile (0.82-0.83 at M = 16 and 64, where both have the same CTAs), and
 #: splitting K over 2 / 4 CTAs of a cluster costs about 7 / 11 extra k-steps (the reduction and a second
 #: pipeline fill: t = 0.51 us x k-steps + 4.7 / 8.1 / 10.5 us for 1 / 2 / 4 CTAs at M = 16, N = 3072).
-#: With those constants it picks the fastest built form at 15 of the 15 measured shapes.  Ties (equal
+#: With those constants it picks the fastest built form at 15 of the 15 measured shapes.  The images form
+#: (act_source images) costs 0.76 x that per k-step (session 6: a 256-row images tile ran at 0.646-0.66 x the
+#: time of two 128-row nvfp4 ones at M = 1024 and 4608, N = 12288; 0.65 / 0.86).  Ties (equal
 #: estimates: many waves, or the same tile) go to the M bucket's order: the 128-row tile up to M = 256, the
-#: 256-row one above; then the warp-specialised form with two raw register sets (12-21 % faster than coop
-#: with one set at the 128-row tile; at the 256-row tile the schedules tie within +-4 %, and
-#: configs/flux.yaml builds coop there); then the faster decode forms (act_decode prmt, skip_pad on).
+#: 256-row one above; then, above M = 256, the images form (act_source images: 15-33 % faster than the
+#: producer's decode at M = 1024 ... 9728, session 6; up to M = 256 the one-launch nvfp4 form first); then the
+#: warp-specialised form with two raw register sets (12-21 % faster than coop with one set at the 128-row
+#: tile; at the 256-row tile the two schedules tie within +-4 %); then the faster decode forms (act_decode
+#: prmt, skip_pad on).
 _FILL = {"fill": {"tile": ["tile_m", "tile_n", "tile_k"], "ctas_per_sm": 1,
-                  "factor": {"knob": "tile_m", "values": [[64, 1.66], [256, 0.86]]},
+                  "factor": [{"knob": "tile_m", "values": [[64, 1.66], [256, 0.86]]},
+                             {"knob": "act_source", "values": [["images", 0.76]]}],
                   "split": {"knob": "schedule", "values": [["ws_splitk2", 2, 7], ["ws_splitk4", 4, 11]]}}}
 _FORMS = [{"knob": "act_decode", "values": ["prmt", "shift"]}, {"knob": "skip_pad", "values": [True, False]}]
 SELECTION = [
     {"m_max": 256, "priority": 0, "prefer": [_FILL, {"knob": "tile_m", "order": "asc"},
+                                              {"knob": "act_source", "values": ["nvfp4", "images"]},
                                               {"knob": "schedule", "values": ["ws", "coop", "ws_splitk2", "ws_splitk4"]},
                                               {"knob": "stages", "order": "desc"},
                                               {"knob": "prefetch", "order": "desc"}] + _FORMS},
     {"m_max": None, "priority": 0, "prefer": [_FILL, {"knob": "tile_m", "order": "desc"},
+                                               {"knob": "act_source", "values": ["images", "nvfp4"]},
                                                {"knob": "schedule", "values": ["ws", "coop", "ws_splitk2", "ws_splitk4"]},
                                                {"knob": "stages", "order": "desc"},
                                                {"knob": "prefetch", "order": "desc"}] + _FORMS},
@@ -137,7 +150,7 @@ def config_axes(arch: str, section: dict) -> tuple[list[dict], list[str]]:
 def _form_axes(section: dict, where: str) -> tuple[list[dict], list[str]]:
     """One section's (or one form's) product of knob values; `where` prefixes its problems."""
     problems: list[str] = []
-    allowed = ("tiles", "stages", "prefetch", "skip_pad", "act_decode", "schedule", "wsets")
+    allowed = ("tiles", "stages", "prefetch", "skip_pad", "act_decode", "schedule", "wsets", "act_source")
     for key in sorted(set(section) - set(allowed)):
         problems.append(f"{where}{key}: unknown key (allowed: {', '.join(allowed)})")
     tiles = section.get("tiles", [list(DEFAULT_TILE)])
@@ -156,7 +169,7 @@ def _form_axes(section: dict, where: str) -> tuple[list[dict], list[str]]:
     lists = {}
     for key, default, kind in (("stages", ["auto"], "auto"), ("prefetch", [1], "int"), ("skip_pad", [True], "bool"),
                                ("act_decode", ["prmt"], "name"), ("schedule", ["coop"], "name"),
-                               ("wsets", [2], "int")):
+                               ("wsets", [2], "int"), ("act_source", ["nvfp4"], "name")):
         vals = section.get(key, default)
         good = []
         if not isinstance(vals, list) or not vals:
@@ -178,9 +191,10 @@ def _form_axes(section: dict, where: str) -> tuple[list[dict], list[str]]:
                 good.append(v)
         lists[key] = good
     return [dict(tile_m=t[0], tile_n=t[1], tile_k=t[2], stages=s, prefetch=p, skip_pad=sp, act_decode=ad,
-                 schedule=sc, wsets=w)
+                 schedule=sc, wsets=w, act_source=src)
             for t in good_tiles for s in lists["stages"] for p in lists["prefetch"] for sp in lists["skip_pad"]
-            for ad in lists["act_decode"] for sc in lists["schedule"] for w in lists["wsets"]], problems
+            for ad in lists["act_decode"] for sc in lists["schedule"] for w in lists["wsets"]
+            for src in lists["act_source"]], problems
 
 
 def resolve(arch: str, knobs: dict) -> dict:

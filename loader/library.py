@@ -29,7 +29,7 @@ import threading
 from . import cuda_versions, driver, select, tuning_table
 from .errors import CaptureError, DeviceMismatch, InvalidArgument, NoCuda
 from .launcher import Launcher
-from .ops import OPS, gemm_w4a4 as gemm_op, quantize_act as quant_op
+from .ops import OPS, decode_act as decode_op, gemm_w4a4 as gemm_op, quantize_act as quant_op
 from .verify import open_artifacts
 
 _SM_COUNT = 16  # CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
@@ -54,7 +54,8 @@ class Library:
         self._gpu: dict[int, tuning_table.GpuId] = {}
         self._verified = arts.variants
         self._lock = threading.Lock()
-        self._launchers: dict[tuple[str, int], Launcher] = {}
+        self._launchers: dict[tuple[str, int], Launcher] = {}   # what calls of (variant, device) launch
+        self._kernel_lns: dict[tuple[str, int], Launcher] = {}  # one kernel launcher per (variant, device)
         self._arch: dict[int, str] = {}           # device ordinal -> arch
         self._sms: dict[int, int] = {}            # device ordinal -> SM count
         self._choice: dict[tuple, Launcher] = {}  # (op, ordinal, features, dims) -> launcher
@@ -167,7 +168,29 @@ class Library:
             cuda_versions.check(driver.driver_version(), need, arch, self.path)
 
     def _launcher(self, name: str, ordinal: int, capturing: bool) -> Launcher:
+        """The launcher of variant `name` on device `ordinal` (loaded on first use).  A variant whose op spec
+        names a pre-pass (``gemm_w4a4`` with act_source images) gets an `ImagesLauncher` around it: each
+        call runs the pre-pass op's variant into a workspace first."""
         ln = self._launchers.get((name, ordinal))
+        if ln is not None:
+            return ln
+        e = self._verified[name].entry
+        pre = OPS[e.op].prepass(e.knobs)
+        if pre is None:
+            return self._kernel_launcher(name, ordinal, capturing)
+        mine = sorted(v.name for v in self.variants if v.op == pre and v.arch == e.arch)
+        if not mine:
+            raise select.UnsupportedProblem(
+                f"variant {name} runs {pre} before each call, and {self.path} has no {pre} variant for "
+                f"{e.arch}; rebuild with `{pre}: {{}}` under variants.{e.arch} of the config")
+        ln = decode_op.ImagesLauncher(self._kernel_launcher(mine[0], ordinal, capturing),
+                                      self._kernel_launcher(name, ordinal, capturing), OPS[e.op].arg_names)
+        with self._lock:
+            return self._launchers.setdefault((name, ordinal), ln)
+
+    def _kernel_launcher(self, name: str, ordinal: int, capturing: bool) -> Launcher:
+        key = (name, ordinal)
+        ln = self._kernel_lns.get(key)
         if ln is not None:
             return ln
         vv = self._verified[name]
@@ -186,12 +209,14 @@ class Library:
             raise CaptureError(f"kernel {e.name} is not loaded on device {ordinal} yet and a CUDA graph is "
                                f"being captured; call lib.preload() (or run once) before capturing")
         with self._lock:
-            ln = self._launchers.get((name, ordinal))
+            ln = self._kernel_lns.get(key)
             if ln is None:
                 dk = driver.DeviceKernels(vv.cubin, e.kernel_symbols, ordinal, vv.program.load_plan,
                                           {s: [tuple(p) for p in ps] for s, ps in e.params.items()})
                 ln = Launcher.for_variant(vv, dk)
-                self._launchers[(name, ordinal)] = ln
+                self._kernel_lns[key] = ln
+                if OPS[e.op].prepass(e.knobs) is None:
+                    self._launchers[key] = ln
         return ln
 
     def preload(self, device=None) -> int:
@@ -246,8 +271,8 @@ class Library:
         if fast is None:
             fast = self._gemm_checked(arch, act, wgt, ascales, wscales, lora_act_in, lora_up, wcscale, bias,
                                       out, out_dtype)
-        feats, dims, out, args = fast
-        ln = self._choice.get(("gemm_w4a4", ordinal, feats, dims))
+        feats, dims, out, args = fast[:4]   # fast[4] (checked path): the weight prepared for this call, kept
+        ln = self._choice.get(("gemm_w4a4", ordinal, feats, dims))   # alive until the kernels are queued
         if ln is None:
             ln = self._resolve("gemm_w4a4", ordinal, feats, dims, _capturing())
         args[_GEMM_SMS] = self._sms[ordinal]
@@ -256,14 +281,17 @@ class Library:
         return out
 
     def _gemm_checked(self, arch, act, wgt, ascales, wscales, lora_act_in, lora_up, wcscale, bias, out, out_dtype):
-        """The detailed path: every rule checked with its own message (raises InvalidArgument)."""
+        """The detailed path: every rule checked with its own message (raises InvalidArgument).  Returns the
+        weight prepared here last: the caller must hold it until the launch is queued (its memory would
+        otherwise go back to torch's allocator first, and a workspace allocated by the launch could reuse it
+        while the GEMM still has to read it)."""
         _weight_form_error(wgt, wscales, lora_up, wcscale, bias)
         weight = wgt if isinstance(wgt, gemm_op.PreparedWeight) else \
             gemm_op.prepare_weight(wgt, wscales, lora_up=lora_up, wcscale=wcscale, bias=bias, arch=arch)
         call = gemm_op.plan_call(arch, act, weight, ascales, lora_act_in=lora_act_in, out=out, out_dtype=out_dtype)
         values = dict(call.pointers, m=call.m, n=call.n, k=call.k, sm_count=0, stream=0)
         return (call.features, (("m", call.m), ("n", call.n), ("k", call.k)), call.out,
-                [values[a] for a in self._arg_order["gemm_w4a4"]])
+                [values[a] for a in self._arg_order["gemm_w4a4"]], weight)
 
     def quantize_act(self, x, *, smooth=None, lora_down=None, out_act=None, out_scales=None, out_lora=None):
         """x [M, K] -> (act [M, K/2] uint8, ascales in this device's GEMM layout, lora_act_in [M, R] or None)."""

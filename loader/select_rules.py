@@ -20,7 +20,8 @@ over knobs: per M bucket an ordered list of preferences, each over one knob::
               "factor": {"knob": "tile_m", "values": [[256, 0.86]]},
               "split": {"knob": "schedule", "values": [["ws_splitk2", 2, 7], ["ws_splitk4", 4, 11]]}}}
 
-  estimated cost = waves x (k-steps per CTA x tile area / 128^2 x factor + overhead), where a variant
+  estimated cost = waves x (k-steps per CTA x tile area / 128^2 x factor + overhead), where ``factor`` may
+  also be a list of such tables (the variant's factor is then the product of its value in each), a variant
   whose split knob has value v splits K over S CTAs (S = 1 when v is not listed) at an extra ``overhead``
   (in 128 x 128 k-steps), CTAs = ceil(M / tile_m) x ceil(N / tile_n) x S and waves = ceil(CTAs / (SMs x
   ctas_per_sm)).  Smaller is preferred; the family documents the measurements behind its constants.
@@ -94,14 +95,17 @@ class Fill:
     """Grid-fill preference: rank by an estimate of waves x per-CTA work on the device's SMs (module doc)."""
     tile: tuple[str, str, str]                       # knob names of the tile's M, N and K extents
     ctas_per_sm: int = 1
-    factor_knob: str | None = None
-    factors: tuple[tuple[Any, float], ...] = ()      # (knob value, work factor); unlisted values: 1.0
+    #: ((knob, ((knob value, work factor), ...)), ...): a variant's factor is the product over the tables of
+    #: its knob value's factor (unlisted values: 1.0)
+    factor_tables: tuple[tuple[str, tuple[tuple[Any, float], ...]], ...] = ()
     split_knob: str | None = None
     splits: tuple[tuple[Any, int, float], ...] = ()  # (knob value, CTAs per tile along K, overhead)
 
     @property
     def knobs(self) -> tuple[str, ...]:
-        return tuple(self.tile) + tuple(k for k in (self.factor_knob, self.split_knob) if k is not None)
+        names = tuple(self.tile) + tuple(k for k, _ in self.factor_tables) + \
+            ((self.split_knob,) if self.split_knob is not None else ())
+        return tuple(dict.fromkeys(names))
 
     def _split(self, knobs: Mapping[str, Any]) -> tuple[int, float]:
         if self.split_knob is not None:
@@ -115,8 +119,8 @@ class Fill:
         m, n, k = (int(dims.get(d, 1)) for d in ("m", "n", "k"))
         s, over = self._split(knobs)
         f = 1.0
-        if self.factor_knob is not None:
-            f = next((w for value, w in self.factors if knobs.get(self.factor_knob) == value), 1.0)
+        for knob, rows in self.factor_tables:
+            f *= next((w for value, w in rows if knobs.get(knob) == value), 1.0)
         ctas = -(-m // tm) * -(-n // tn) * s
         waves = -(-ctas // (max(1, sm_count) * self.ctas_per_sm))
         per_cta = -(-k // (s * tk)) * tm * tn / _UNIT_AREA * f + over
@@ -141,8 +145,9 @@ class Fill:
 
     def to_dict(self) -> dict:
         d: dict = {"tile": list(self.tile), "ctas_per_sm": self.ctas_per_sm}
-        if self.factor_knob is not None:
-            d["factor"] = {"knob": self.factor_knob, "values": [list(x) for x in self.factors]}
+        tables = [{"knob": k, "values": [list(x) for x in rows]} for k, rows in self.factor_tables]
+        if tables:
+            d["factor"] = tables[0] if len(tables) == 1 else tables
         if self.split_knob is not None:
             d["split"] = {"knob": self.split_knob, "values": [list(x) for x in self.splits]}
         return {"fill": d}
@@ -150,7 +155,7 @@ class Fill:
 
 def _parse_fill(raw: Any, path: str, knobs: Sequence[str] | None, fail) -> Fill:
     want = "expected {tile: [m knob, n knob, k knob], ctas_per_sm: int >= 1, factor?: {knob, values: " \
-           "[[value, number > 0], ...]}, split?: {knob, values: [[value, int >= 2, number >= 0], ...]}}"
+           "[[value, number > 0], ...]} or a list of them, split?: {knob, values: [[value, int >= 2, number >= 0], ...]}}"
     if not isinstance(raw, Mapping) or "tile" not in raw or set(raw) - {"tile", "ctas_per_sm", "factor", "split"}:
         fail(path, raw, want)
     tile, cps = raw["tile"], raw.get("ctas_per_sm", 1)
@@ -159,8 +164,9 @@ def _parse_fill(raw: Any, path: str, knobs: Sequence[str] | None, fail) -> Fill:
     if isinstance(cps, bool) or not isinstance(cps, int) or cps < 1:
         fail(f"{path}.ctas_per_sm", cps, "expected an integer >= 1")
 
-    def table(key, width, check):
-        spec = raw.get(key)
+    def table(key, width, check, spec=None, where=None):
+        spec = raw.get(key) if spec is None else spec
+        key = where or key
         if spec is None:
             return None, ()
         if not isinstance(spec, Mapping) or set(spec) != {"knob", "values"} or not isinstance(spec["knob"], str) \
@@ -175,10 +181,18 @@ def _parse_fill(raw: Any, path: str, knobs: Sequence[str] | None, fail) -> Fill:
         return spec["knob"], tuple(rows)
 
     num = (int, float)
-    fk, fv = table("factor", 2, lambda r: isinstance(r[0], num) and not isinstance(r[0], bool) and r[0] > 0)
+    ftabs = raw.get("factor")
+    ftabs = [] if ftabs is None else ftabs if isinstance(ftabs, (list, tuple)) else [ftabs]
+    if raw.get("factor") is not None and not ftabs:
+        fail(f"{path}.factor", raw.get("factor"), want)
+    factor_tables = []
+    for i, spec in enumerate(ftabs):
+        fk, fv = table("factor", 2, lambda r: isinstance(r[0], num) and not isinstance(r[0], bool) and r[0] > 0,
+                       spec, "factor" if len(ftabs) == 1 and isinstance(raw["factor"], Mapping) else f"factor[{i}]")
+        factor_tables.append((fk, tuple((v, float(w)) for v, w in fv)))
     sk, sv = table("split", 3, lambda r: isinstance(r[0], int) and not isinstance(r[0], bool) and r[0] >= 2
                    and isinstance(r[1], num) and not isinstance(r[1], bool) and r[1] >= 0)
-    f = Fill(tuple(tile), cps, fk, tuple((v, float(w)) for v, w in fv), sk,
+    f = Fill(tuple(tile), cps, tuple(factor_tables), sk,
              tuple((v, int(s), float(o)) for v, s, o in sv))
     if knobs is not None:
         for kn in f.knobs:

@@ -99,6 +99,26 @@ def make_quant_family(**overrides) -> types.SimpleNamespace:
     return fam
 
 
+def make_decode_family() -> types.SimpleNamespace:
+    """A fake of sm90_decode_act's config surface: no knobs, one variant."""
+    fam = types.SimpleNamespace(__name__="fake.decode")
+    fam.OP = "decode_act"
+    fam.ARCHS = ("sm_90a",)
+    fam.NAME = "fake_decode"
+    fam.TUNING = {}
+
+    def compile(arch, knobs, name, dump_dir):
+        return CompiledKernel(cubin=b"\x7fELF-fake-" + name.encode(), compiled=name, entry=f"host_{name}",
+                              kernel_symbols=[f"{name}_0"], smem_bytes=0)
+
+    fam.config_axes = lambda arch, section: ([{}], [f"{k}: unknown key (decode_act has no knobs)" for k in section])
+    fam.resolve = lambda arch, knobs: dict(knobs)
+    fam.invalid_reason = lambda arch, knobs: None
+    fam.requirements = lambda arch, knobs: {"k_multiple": 64}
+    fam.compile = compile
+    return fam
+
+
 def make_blackwell_gemm_family() -> types.SimpleNamespace:
     """A fake of sm100_gemm_w4a4's config surface: tiles [cta_group, tile_m, tile_n], ab_stages."""
     fam = types.SimpleNamespace(__name__="fake.gemm_sm100")
@@ -134,7 +154,8 @@ def make_fake_registry(gemm=None, quant=None) -> types.SimpleNamespace:
     fams = {("gemm_w4a4", "sm_90a"): gemm, ("quantize_act", "sm_90a"): quant, ("quantize_act", "sm_100a"): quant,
             ("quantize_act", "sm_103a"): quant, ("gemm_w4a4", "sm_100a"): bw, ("gemm_w4a4", "sm_103a"): bw,
             ("gemm_w4a4", "sm_120a"): gemm12, ("gemm_w4a4", "sm_121a"): gemm12,
-            ("quantize_act", "sm_120a"): quant, ("quantize_act", "sm_121a"): quant}
+            ("quantize_act", "sm_120a"): quant, ("quantize_act", "sm_121a"): quant,
+            ("decode_act", "sm_90a"): make_decode_family()}
 
     def family(op, arch):
         fam = fams[(op, arch)]

@@ -33,6 +33,21 @@ def dump_sass(cubin_path: str, tool: str | None = None) -> str | None:
     return r.stdout if r.returncode == 0 and "Function" in r.stdout else None
 
 
+def sass_of_cubin(cubin: bytes, folder) -> str:
+    """The SASS of `cubin` (written into `folder`); skips the test under SVDQ_ALLOW_NO_SASS=1 where cuobjdump
+    or nvdisasm is missing, else fails it."""
+    import pytest
+    path = os.path.join(str(folder), "k.cubin")
+    with open(path, "wb") as f:
+        f.write(cubin)
+    sass = dump_sass(path)
+    if sass is None:
+        if os.environ.get("SVDQ_ALLOW_NO_SASS") == "1":
+            pytest.skip("cuobjdump / nvdisasm not available: SASS checks skipped (SVDQ_ALLOW_NO_SASS=1)")
+        pytest.fail("cuobjdump / nvdisasm not found: install the test extra or set SVDQ_ALLOW_NO_SASS=1")
+    return sass
+
+
 def elf_sm(info) -> int:
     """SM number from the ELF flags: ABI v7 (sm_90) keeps it in the low byte, v8 (sm_100+) in bits 8-15."""
     return (info.e_flags >> 8) & 0xFF if info.abi_version >= 8 else info.e_flags & 0xFF

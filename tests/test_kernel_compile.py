@@ -7,7 +7,6 @@ loads and swizzled 128-bit SMEM stores, no local memory, no stack frame.
 """
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
@@ -21,7 +20,7 @@ cutlass = pytest.importorskip(
 )
 
 from svdq_kernels import registry  # noqa: E402
-from kernel_checks import dump_sass  # noqa: E402
+from kernel_checks import sass_of_cubin  # noqa: E402
 
 ARCH = "sm_90a"
 sm90 = registry.family("gemm_w4a4", ARCH)
@@ -33,7 +32,7 @@ def make_knobs(out_dtype="fp16", rank=32, wcscale=True, bias=True, **kw):
     """A complete knob dict: the op's features (spec order), then the family's tuning knobs."""
     knobs = dict(out_dtype=out_dtype, rank=rank, wcscale=wcscale, bias=bias, scale_layout="logical",
                  tile_m=DEFAULT_TM, tile_n=DEFAULT_TN, tile_k=DEFAULT_TK, stages=sm90.DEFAULT_STAGES,
-                 prefetch=1, skip_pad=False, act_decode="shift", schedule="coop", wsets=2)
+                 prefetch=1, skip_pad=False, act_decode="shift", schedule="coop", wsets=2, act_source="nvfp4")
     knobs.update(kw)
     return knobs
 
@@ -68,7 +67,7 @@ def test_family_meets_the_contract():
     assert isinstance(sm90, Family)
     assert sm90.OP == "gemm_w4a4" and sm90.ARCHS == ("sm_90a",) and sm90.NAME == "sm90_wgmma_w4a4"
     assert set(sm90.TUNING) == {"tile_m", "tile_n", "tile_k", "stages", "prefetch", "skip_pad",
-                                 "act_decode", "schedule", "wsets"}
+                                 "act_decode", "schedule", "wsets", "act_source"}
     assert not set(sm90.TUNING) & set(GEMM_W4A4.feature_names)
     assert tuple(sm90.FEATURE_VALUES) == GEMM_W4A4.feature_names
 
@@ -175,17 +174,17 @@ def test_variant_name_requirements_and_resolve():
     k = make_knobs(out_dtype="bf16", rank=32)
     v = Variant.make("gemm_w4a4", ARCH, k)
     assert v.name == ("svdq_gemm_w4a4_sm90a_outdtypebf16_rank32_wcscale1_bias1"
-                      "_tilem128_tilen128_tilek64_stages4_prefetch1_skippad0_actdecodeshift_schedulecoop_wsets2"
+                      "_tilem128_tilen128_tilek64_stages4_prefetch1_skippad0_actdecodeshift_schedulecoop_wsets2_actsourcenvfp4"
                       "_reqn128k128")
     assert v.name == name_of(k) and v.knob_dict == k and v.family() is sm90
     # N is tiled by 128 weight rows; K by 64, and the k loop is unrolled by two
     assert v.requirements() == {"n_multiple": 128, "k_multiple": 128}
     assert sm90.resolve(ARCH, dict(k, stages="auto")) == k
     assert sm90.config_axes(ARCH, {}) == ([dict(tile_m=128, tile_n=128, tile_k=64, stages="auto", prefetch=1,
-                                                   skip_pad=True, act_decode="prmt", schedule="coop", wsets=2)], [])
+                                                   skip_pad=True, act_decode="prmt", schedule="coop", wsets=2, act_source="nvfp4")], [])
     axes, problems = sm90.config_axes(ARCH, {"tiles": [[256, 128, 64], [256, 128, 64]], "clusters": [[1, 1]]})
     assert axes == [dict(tile_m=256, tile_n=128, tile_k=64, stages="auto", prefetch=1, skip_pad=True,
-                         act_decode="prmt", schedule="coop", wsets=2)]
+                         act_decode="prmt", schedule="coop", wsets=2, act_source="nvfp4")]
     assert any(p.startswith("clusters:") for p in problems)
     assert any(p.startswith("tiles[1]:") and "duplicate" in p for p in problems)
     axes, problems = sm90.config_axes(ARCH, {"prefetch": [1, 2, 2]})
@@ -207,9 +206,9 @@ def test_config_forms_are_a_union_not_a_product():
         {"tiles": [[256, 128, 64]]}]})                      # the same form again: no duplicate
     assert problems == []
     assert axes == [dict(tile_m=128, tile_n=128, tile_k=64, stages="auto", prefetch=2, skip_pad=True,
-                         act_decode="prmt", schedule="ws", wsets=2),
+                         act_decode="prmt", schedule="ws", wsets=2, act_source="nvfp4"),
                     dict(tile_m=256, tile_n=128, tile_k=64, stages="auto", prefetch=1, skip_pad=True,
-                         act_decode="prmt", schedule="coop", wsets=2)]
+                         act_decode="prmt", schedule="coop", wsets=2, act_source="nvfp4")]
     _, problems = sm90.config_axes(ARCH, {"forms": [{"tiles": [[128, 128, 64]], "schedul": ["ws"]}],
                                           "stages": [4]})
     assert any(p.startswith("forms[0].schedul: unknown key") for p in problems)
@@ -281,9 +280,9 @@ COMPILE_CASES = [
     # the 64-row tile (wgmma N = 64) with four raw weight sets: unsplit at a 16-rank LoRA chunk (two threads
     # per lora_act_in vector), and split over four CTAs (configs/flux.yaml's M <= 64 forms)
     dict(out_dtype="bf16", rank=16, wcscale=True, bias=True, tile_m=64, prefetch=2, skip_pad=True,
-         act_decode="prmt", schedule="ws", wsets=4),
+         act_decode="prmt", schedule="ws", wsets=4, act_source="nvfp4"),
     dict(out_dtype="fp16", rank=96, wcscale=True, bias=False, tile_m=64, prefetch=2, skip_pad=True,
-         act_decode="prmt", schedule="ws_splitk4", wsets=4),
+         act_decode="prmt", schedule="ws_splitk4", wsets=4, act_source="nvfp4"),
 ]
 
 
@@ -310,13 +309,7 @@ def test_compile_produces_a_clean_sm90a_cubin(knobs, tmp_path):
         lt = "bf16" if k["out_dtype"] == "bf16" else "f16"
         assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n%dk16\.f32\.%s\.%s\s+\{[^}]*\},\s*%%rd"
                          % (k["tile_m"], lt, lt), ptx)
-    path = tmp_path / "k.cubin"
-    path.write_bytes(ck.cubin)
-    sass = dump_sass(str(path))
-    if sass is None:
-        if os.environ.get("SVDQ_ALLOW_NO_SASS") == "1":
-            pytest.skip("cuobjdump / nvdisasm not available: SASS checks skipped (SVDQ_ALLOW_NO_SASS=1)")
-        pytest.fail("cuobjdump / nvdisasm not found: install the test extra or set SVDQ_ALLOW_NO_SASS=1")
+    sass = sass_of_cubin(ck.cubin, tmp_path)
     hgmma = re.findall(r"HGMMA\.64x%dx16\.F32(\.BF16)? R\d+, (R\d+|gdesc)" % k["tile_m"], sass)
     main = [h for h in hgmma if h[1].startswith("R")]      # register-sourced A: the weight fragments
     assert len(main) == max(2, k["wsets"]) * 4, hgmma      # two (four) unrolled k-tiles x four k16 steps

@@ -331,7 +331,7 @@ def test_project_sm90_gemm_kernel_matches_dsl(tmp_path, schedule, tile_m, wsets)
     fam = registry.family("gemm_w4a4", "sm_90a")
     knobs = dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, scale_layout="logical",
                  tile_m=tile_m, tile_n=128, tile_k=64, stages=4, prefetch=1,
-                 skip_pad=False, act_decode="shift", schedule=schedule, wsets=wsets)
+                 skip_pad=False, act_decode="shift", schedule=schedule, wsets=wsets, act_source="nvfp4")
     assert fam.invalid_reason("sm_90a", knobs) is None
     name = GEMM_W4A4.name_for("sm_90a", knobs, fam.requirements("sm_90a", knobs))
     ck = fam.compile("sm_90a", knobs, name, str(tmp_path))

@@ -119,7 +119,7 @@ def _sm90() -> Kernel:
                 K = importlib.import_module("svdq_kernels.sm90_wgmma_w4a4")
                 knobs = dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, scale_layout="logical",
                              tile_m=128, tile_n=128, tile_k=64, stages=4, prefetch=1,
-                 skip_pad=False, act_decode="shift", schedule="coop", wsets=2)
+                 skip_pad=False, act_decode="shift", schedule="coop", wsets=2, act_source="nvfp4")
                 cv = K.compile("sm_90a", knobs, "svdq_test_recipe", d)
             else:
                 K = importlib.import_module("svdq_kernels.sm90_w4a4")

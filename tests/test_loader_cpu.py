@@ -77,7 +77,7 @@ def test_built_tiny_artifacts_are_what_the_config_asks(gemm_artifacts):
     for v in m.variants:
         assert v.knobs == dict(out_dtype="bf16", rank=v.knobs["rank"], wcscale=True, bias=True, scale_layout="logical",
                                tile_m=128, tile_n=128, tile_k=64, stages=4, prefetch=1,
-                 skip_pad=True, act_decode="prmt", schedule="coop", wsets=2)
+                 skip_pad=True, act_decode="prmt", schedule="coop", wsets=2, act_source="nvfp4")
         assert v.requirements == {"n_multiple": 128, "k_multiple": 128}
         assert v.name == GEMM_W4A4.name_for(v.arch, v.knobs, v.requirements)
         assert v.host_args == GEMM_W4A4.host_args

@@ -31,7 +31,7 @@ from svdq_loader.ops import op_spec  # noqa: E402
 
 #: the sm_90a GEMM knobs every case shares (features, then tuning); each case names what it changes
 _SM90 = dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, scale_layout="logical", tile_m=128, tile_n=128,
-             tile_k=64, stages=4, prefetch=2, skip_pad=True, act_decode="prmt", schedule="ws", wsets=2)
+             tile_k=64, stages=4, prefetch=2, skip_pad=True, act_decode="prmt", schedule="ws", wsets=2, act_source="nvfp4")
 CASES = {
     "gemm_w4a4": ("sm_90a", dict(_SM90, prefetch=1, skip_pad=False, act_decode="shift", schedule="coop")),
     # the warp-specialised form configs/flux.yaml builds for M <= 256 (384 threads, min_blocks_per_mp 1)
@@ -40,6 +40,9 @@ CASES = {
     "gemm_w4a4@ws64": ("sm_90a", dict(_SM90, rank=16, tile_m=64, wsets=4)),
     # split K: one tile per cluster of four CTAs (float64-checked on the H200, session 5)
     "gemm_w4a4@splitk": ("sm_90a", dict(_SM90, schedule="ws_splitk4")),
+    # the images form: one producer thread bulk-copies decode_act's stage images (configs/flux.yaml, M > 256)
+    "gemm_w4a4@images": ("sm_90a", dict(_SM90, tile_m=256, prefetch=1, act_source="images")),
+    "decode_act": ("sm_90a", dict(scale_layout="logical")),
     "quantize_act": ("sm_90a", dict(dtype="bf16", rank=32, scale_layout="logical", warps=4, mtiles=1)),
     # GeForce/workstation Blackwell: blocked scale layout, the 2-warp variant configs/flux.yaml builds
     "quantize_act@sm_121a": ("sm_121a", dict(dtype="fp16", rank=32, scale_layout="blocked", warps=2, mtiles=1)),

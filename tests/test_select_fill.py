@@ -43,7 +43,7 @@ FORMS = (("ws", 64, 2, 4), ("ws_splitk4", 64, 2, 4), ("ws", 128, 2, 2), ("ws_spl
 def _variant(schedule, tile_m, prefetch, wsets):
     knobs = dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, scale_layout="logical", tile_m=tile_m,
                  tile_n=128, tile_k=64, stages=4, prefetch=prefetch, skip_pad=True, act_decode="prmt",
-                 schedule=schedule, wsets=wsets)
+                 schedule=schedule, wsets=wsets, act_source="nvfp4")
     split = {"ws_splitk2": 2, "ws_splitk4": 4}.get(schedule, 1)
     return SimpleNamespace(name=f"{schedule}_{tile_m}_pf{prefetch}", op="gemm_w4a4", arch="sm_90a", knobs=knobs,
                            family=FAMILY, requirements=dict(n_multiple=128, k_multiple=64 * max(2, wsets) * split))
@@ -103,7 +103,7 @@ def test_split_forms_out_where_k_is_not_their_multiple(sm90_rules):
 
 
 def test_fill_estimate_arithmetic():
-    f = Fill(("tile_m", "tile_n", "tile_k"), 1, "tile_m", ((256, 0.5),), "schedule", (("s3", 3, 2.5),))
+    f = Fill(("tile_m", "tile_n", "tile_k"), 1, (("tile_m", ((256, 0.5),)),), "schedule", (("s3", 3, 2.5),))
     knobs = dict(tile_m=256, tile_n=128, tile_k=64, schedule="s3")
     # ctas = ceil(300/256) * ceil(1000/128) * 3 = 2 * 8 * 3 = 48; waves = ceil(48 / 20) = 3
     # per CTA = ceil(4096 / (3 * 64)) * 256 * 128 / 16384 * 0.5 + 2.5 = 22 * 1 + 2.5
@@ -111,6 +111,23 @@ def test_fill_estimate_arithmetic():
                                                                    "cost": 73.5}
     assert f.estimate(dict(knobs, schedule="other", tile_m=128), dict(m=300, n=1000, k=4096), 20) == \
         {"ctas": 24, "waves": 2, "split": 1, "cost": 128.0}
+
+
+def test_fill_factor_tables_multiply_and_round_trip():
+    raw = [{"m_max": None, "prefer": [{"fill": {"tile": ["tile_m", "tile_n", "tile_k"], "ctas_per_sm": 1,
+                                                "factor": [{"knob": "tile_m", "values": [[256, 0.5]]},
+                                                           {"knob": "src", "values": [["img", 0.8]]}]}}]}]
+    b = parse_buckets(raw, "t", ["tile_m", "tile_n", "tile_k", "src"])
+    f = b[0].prefer[0]
+    assert [p.to_dict() for p in b[0].prefer] == raw[0]["prefer"] and f.knobs == ("tile_m", "tile_n", "tile_k", "src")
+    dims = dict(m=256, n=128, k=640)                     # one CTA, 10 k-steps of a 256 x 128 tile = 20 units
+    assert f.estimate(dict(tile_m=256, tile_n=128, tile_k=64, src="img"), dims, 132)["cost"] == 20 * 0.5 * 0.8
+    assert f.estimate(dict(tile_m=256, tile_n=128, tile_k=64, src="raw"), dims, 132)["cost"] == 20 * 0.5
+    assert f.estimate(dict(tile_m=128, tile_n=128, tile_k=64, src="img"), dims, 132)["cost"] == 10 * 0.8  # 2 CTAs, 1 wave
+    with pytest.raises(RuleError, match=r"factor\[1\]"):
+        parse_buckets([{"m_max": None, "prefer": [{"fill": dict(raw[0]["prefer"][0]["fill"], factor=[
+            {"knob": "tile_m", "values": [[256, 0.5]]}, {"knob": "src", "values": [["img", -1]]}])}]}], "t",
+            ["tile_m", "tile_n", "tile_k", "src"])
 
 
 def test_fill_round_trips_and_refuses_malformed_specs():

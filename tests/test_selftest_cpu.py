@@ -55,6 +55,15 @@ def test_quantize_cases_are_valid():
     assert all(c.kwargs["k"] % 64 == 0 for c in cases) and {c.kwargs["use_smooth"] for c in cases} == {False, True}
 
 
+def test_decode_cases_are_valid_and_every_op_has_cases():
+    from svdq_loader.ops import OPS
+    assert set(S.CASES_FOR) == set(OPS)
+    cases = S.decode_cases({"scale_layout": "logical"}, dict(k_multiple=64))
+    assert all(c.op == "decode_act" and c.kwargs["k"] % 64 == 0 for c in cases)
+    assert {c.kwargs["m"] for c in cases} >= {1, 300}                 # one row, and a tail past a 256-row block
+    assert [S._short_case(c) for c in cases][:2] == ["M=1 K=64", "M=300 K=192"]
+
+
 def test_table_and_report_with_a_stubbed_gpu(monkeypatch, capsys):
     import svdq_loader
     from svdq_loader import driver

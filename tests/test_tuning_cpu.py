@@ -45,9 +45,9 @@ SHAPES = [("sq", 256, 256)]
 # the two sm_90a tiles: G64 the one the rules prefer for M <= 64, G128 the one they prefer above (the family's
 # rule is replaced by one with its bucket edge at 64 for this build: `two_artifacts`)
 G64 = ("svdq_gemm_w4a4_sm90a_outdtypebf16_rank0_wcscale1_bias1_tilem128_tilen128_tilek64_stages4_prefetch1_skippad1_"
-       "actdecodeprmt_schedulecoop_wsets2_reqn128k128")
+       "actdecodeprmt_schedulecoop_wsets2_actsourcenvfp4_reqn128k128")
 G128 = ("svdq_gemm_w4a4_sm90a_outdtypebf16_rank0_wcscale1_bias1_tilem256_tilen128_tilek64_stages4_prefetch1_skippad1_"
-        "actdecodeprmt_schedulecoop_wsets2_reqn128k128")
+        "actdecodeprmt_schedulecoop_wsets2_actsourcenvfp4_reqn128k128")
 EDGE64 = [{"m_max": 64, "priority": 0, "prefer": [{"knob": "tile_m", "order": "asc"}]},
           {"m_max": None, "priority": 0, "prefer": [{"knob": "tile_m", "order": "desc"}]}]
 Q4 = "svdq_quantize_act_sm90a_dtypebf16_rank0_warps4_mtiles1_reqk64"

@@ -21,7 +21,7 @@ import svdq_loader
 from svdq_loader.ops import gemm_w4a4 as gop
 from svdq_loader.testing import bench, reference as ref, torch_quant as tq
 
-_SHORT = ("tile_m", "tile_n", "stages", "prefetch", "skip_pad", "act_decode", "schedule", "wsets")
+_SHORT = ("tile_m", "tile_n", "stages", "prefetch", "skip_pad", "act_decode", "schedule", "wsets", "act_source")
 
 
 def short(knobs: dict) -> str:

@@ -59,6 +59,8 @@ SPEC = OpSpec(
     requirement_keys=("n_multiple", "k_multiple"),
     coverage_problems=_coverage,
     sample_scalars={"sm_count": 132},
+    # a variant with act_source "images" reads the stage images decode_act writes (ops/decode_act.py)
+    prepass=lambda knobs: "decode_act" if knobs.get("act_source") == "images" else None,
 )
 
 

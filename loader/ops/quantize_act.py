@@ -13,25 +13,7 @@ from __future__ import annotations
 import functools
 
 from .layouts import SCALE_LAYOUT_BY_ARCH
-from .spec import PTR_ALIGN, Feature, OpSpec
-
-
-def _shape_rule(req, dims) -> str | None:
-    if dims["m"] < 1:
-        return f"M={dims['m']} must be at least 1"
-    if dims["k"] % req["k_multiple"]:
-        return f"K={dims['k']} is not a multiple of {req['k_multiple']}"
-    return None
-
-
-def _coverage(config) -> list[tuple[str, str, dict]]:
-    """Every distinct K of the config's shapes (the activation side of each linear)."""
-    out, seen = [], set()
-    for s in config.shapes:
-        if s.k not in seen:
-            seen.add(s.k)
-            out.append((f"K={s.k}", f"shapes.{s.name}", {"m": 1, "k": s.k}))
-    return out
+from .spec import PTR_ALIGN, Feature, OpSpec, distinct_k_coverage, m_k_shape_rule
 
 
 SPEC = OpSpec(
@@ -49,9 +31,9 @@ SPEC = OpSpec(
         Feature("scale_layout", "arch", by_arch=SCALE_LAYOUT_BY_ARCH),
     ),
     dims=("m", "k"),
-    shape_rule=_shape_rule,
+    shape_rule=m_k_shape_rule,
     requirement_keys=("k_multiple",),
-    coverage_problems=_coverage,
+    coverage_problems=distinct_k_coverage,
 )
 
 # ---------------------------------------------------------------------------

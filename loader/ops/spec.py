@@ -13,7 +13,8 @@ loader.  Its spec says, in one place:
   ``shape_problem``: *the* divisibility rule, fed by the requirements a
   family records per variant; build-time coverage and run-time selection
   both call it;
-* ``coverage``: which problems a config asks the build to serve.
+* ``coverage``: which problems a config asks the build to serve;
+* ``prepass``: which variants' calls run another op's kernel first.
 
 This module is pure Python (no torch, no CUDA, no DSL): the builder and the
 loader both import it.
@@ -61,6 +62,10 @@ class OpSpec:
     #: values for the i32 host args that are not problem dims, used for sample launches (build-time
     #: recipe checks, load-time cross-checks), e.g. {"sm_count": 132}
     sample_scalars: dict = field(default_factory=dict)
+    #: (variant knobs) -> the op whose variant must run first on the call's inputs, or None.  Such a call
+    #: is two launches on one stream (e.g. ``gemm_w4a4`` with ``act_source`` images runs ``decode_act``
+    #: into a per-call workspace first); the build refuses a config that lacks the pre-pass op's variants.
+    prepass: Callable[[Mapping[str, Any]], "str | None"] = lambda knobs: None
 
     def __post_init__(self):
         names = [a for a, _ in self.host_args]
@@ -155,7 +160,7 @@ def variant_name(op: str, arch: str, knobs: Mapping[str, Any]) -> str:
     lose their underscores (``tile_m=128`` -> ``tilem128``).
     """
     parts = [f"{k.replace('_', '')}{knob_token(v)}" for k, v in knobs.items()]
-    return f"svdq_{op}_{arch.replace('_', '')}_" + "_".join(parts)
+    return "_".join([f"svdq_{op}_{arch.replace('_', '')}"] + parts)
 
 
 def plain_knobs(items: Iterable[tuple[str, Any]]) -> dict[str, Any]:
@@ -164,4 +169,23 @@ def plain_knobs(items: Iterable[tuple[str, Any]]) -> dict[str, Any]:
         if not isinstance(v, KNOB_TYPES):
             raise TypeError(f"knob {k}={v!r}: knob values must be bool, int or str")
         out[k] = v
+    return out
+
+
+def m_k_shape_rule(req, dims) -> str | None:
+    """The shape rule of an op on an [M, K] activation: M >= 1, K a multiple of ``k_multiple``."""
+    if dims["m"] < 1:
+        return f"M={dims['m']} must be at least 1"
+    if dims["k"] % req["k_multiple"]:
+        return f"K={dims['k']} is not a multiple of {req['k_multiple']}"
+    return None
+
+
+def distinct_k_coverage(config) -> list[tuple[str, str, dict]]:
+    """The problems an activation-side op must serve: every distinct K of the config's shapes (M = 1)."""
+    out, seen = [], set()
+    for s in config.shapes:
+        if s.k not in seen:
+            seen.add(s.k)
+            out.append((f"K={s.k}", f"shapes.{s.name}", {"m": 1, "k": s.k}))
     return out

@@ -9,6 +9,7 @@
 * `quantize_case`: ``quantize_act`` bit for bit against ``quantize_ref.quantize_act_ref_torch``
   (codes and scales), ``lora_act_in`` within the output rounding; caller-provided outputs poisoned
   (0xFF / NaN) inside larger buffers whose tails must stay untouched.
+* `decode_case`: a ``decode_act`` variant bit for bit against ``reference.reference_images``.
 
 Each returns a `CaseResult` (never raises on a wrong result; the caller asserts or tabulates).
 Needs torch and a CUDA GPU.
@@ -193,3 +194,39 @@ def quantize_case(lib, m, k, dt, use_smooth, r, seed, *, base_seed=0, special=Fa
     secs = _gpu_seconds(call) if time_it and not problems else float("nan")
     res = CaseResult(not problems, what, err, tol, secs, problems)
     return res, (act, asc, lai), (a_ref, s_ref, l_ref), (x, smooth, lora_down)
+
+
+def decode_case(lib, entry, m, k, seed, *, base_seed=0, time_it=False) -> CaseResult:
+    """The ``decode_act`` variant `entry` on a fresh random act / ascales (every code, scales over the whole
+    finite E4M3 range, both signs), bit for bit against ``reference.reference_images``; the image buffer is
+    poisoned (0xFF) inside a larger one whose tail must stay untouched."""
+    import numpy as np
+    torch = _torch()
+    from svdq_loader.ops.decode_act import image_bytes
+    seed = (seed * 1000003 + base_seed) % (2**31)
+    what = f"decode_act M={m} K={k} seed={seed}"
+    rng = np.random.default_rng(seed)
+    act_h = rng.integers(0, 256, (m, k // 2), dtype=np.uint8)
+    asc_h = (rng.integers(0, 0x7F, (m, k // 16), dtype=np.uint8) | (rng.integers(0, 2, (m, k // 16),
+                                                                                dtype=np.uint8) << 7))
+    want = ref.reference_images(act_h, asc_h)
+    act = torch.from_numpy(act_h).cuda()
+    asc = torch.from_numpy(asc_h).cuda().view(torch.float8_e4m3fn)
+    nb = image_bytes(m, k)
+    buf = torch.full((nb + GUARD,), 0xFF, dtype=torch.uint8, device="cuda")
+    ln = lib._launcher(entry.name, torch.cuda.current_device(), False)
+
+    def call():
+        ln.launch([act.data_ptr(), asc.data_ptr(), buf.data_ptr(), m, k, torch.cuda.current_stream().cuda_stream])
+    call()
+    torch.cuda.synchronize()
+    got = buf.cpu().numpy()
+    problems = []
+    bad = int((got[:nb] != want).sum())
+    if bad:
+        first = int(np.flatnonzero(got[:nb] != want)[0])
+        problems.append(f"{bad} image bytes differ from the reference (first at byte {first})")
+    if not (got[nb:] == 0xFF).all():
+        problems.append("image written past its end")
+    secs = _gpu_seconds(call) if time_it and not problems else float("nan")
+    return CaseResult(not problems, what, float(bad), 0.0, secs, problems)

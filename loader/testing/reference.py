@@ -51,6 +51,7 @@ __all__ = [
     "reference_from_torch",
     "random_problem",
     "term_sensitivity",
+    "reference_images",
 ]
 
 # ---------------------------------------------------------------------------
@@ -647,3 +648,33 @@ def term_sensitivity(problem) -> dict:
     if p.get("bias") is not None:
         res["bias"] = rel(bias=None)
     return res
+
+
+# ---------------------------------------------------------------------------
+# decode_act: the stage images of the sm_90a images GEMM (format: svdq_loader.ops.decode_act)
+# ---------------------------------------------------------------------------
+
+def reference_images(packed, scales) -> np.ndarray:
+    """act [M, K/2] uint8 + logical ascales [M, K/16] (E4M3 bytes) -> the image bytes (uint8, 1-D).
+
+    Independent of the kernel: float64 e2m1 x e4m3 x 2^-7 per element, rounded once to fp16 (exact: the
+    function checks it), rows padded with +0.0 to ``image_rows(M)``, then laid out element by element with
+    ``decode_act.image_offset``'s formula (k-tile major, 128-byte rows, chunk c at c ^ (row % 8))."""
+    from svdq_loader.ops.decode_act import IMAGE_K, IMAGE_SCALE_LOG2, image_rows
+    p = np.asarray(packed, dtype=np.uint8)
+    s = np.asarray(scales).view(np.uint8) if np.asarray(scales).dtype != np.uint8 else np.asarray(scales)
+    m, kh = p.shape
+    k = 2 * kh
+    vals = decode_e2m1(unpack_nibbles(p)) * np.repeat(decode_e4m3(s), 16, axis=1) * 2.0 ** IMAGE_SCALE_LOG2
+    h = vals.astype(np.float16)
+    fin = np.isfinite(vals)
+    if not np.array_equal(h[fin].astype(np.float64), vals[fin]):
+        raise AssertionError("reference_images: a value is not exact in fp16")
+    mp = image_rows(m)
+    full = np.zeros((mp, k), dtype=np.float16)
+    full[:m] = h
+    t = full.reshape(mp, k // IMAGE_K, 8, 8).transpose(1, 0, 2, 3)     # [k-tile, row, chunk, 8]
+    rows = np.arange(mp)[:, None]
+    phys = np.arange(8)[None, :] ^ (rows % 8)                            # physical chunk p holds chunk p ^ (r % 8)
+    out = np.take_along_axis(t, np.broadcast_to(phys[None, :, :, None], t.shape), axis=2)
+    return np.ascontiguousarray(out).view(np.uint8).reshape(-1)

@@ -40,7 +40,14 @@ def quantize_cases(knobs: dict, req: dict) -> list[Case]:
             for i, (m, k, sm) in enumerate(shapes)]
 
 
-CASES_FOR = {"gemm_w4a4": gemm_cases, "quantize_act": quantize_cases}
+def decode_cases(knobs: dict, req: dict) -> list[Case]:
+    """M = 1, a tail past one image block of 256 rows, K of one and of many k-tiles."""
+    kmin = req["k_multiple"]
+    shapes = [(1, kmin), (300, 3 * kmin), (77, max(3072 // kmin, 1) * kmin)]
+    return [Case("decode_act", dict(m=m, k=k, seed=21 + i)) for i, (m, k) in enumerate(shapes)]
+
+
+CASES_FOR = {"gemm_w4a4": gemm_cases, "quantize_act": quantize_cases, "decode_act": decode_cases}
 
 
 def _features(op: str, knobs: dict) -> tuple:
@@ -57,6 +64,10 @@ def _dims(op: str, kw: dict) -> tuple:
 def run_case(lib, entry, case: Case, ordinal: int, base_seed: int):
     """One case with selection pinned to `entry` (the library's per-problem choice cache is seeded)."""
     from . import gpu_checks
+    if case.op == "decode_act":
+        kw = dict(case.kwargs)
+        return gpu_checks.decode_case(lib, entry, kw.pop("m"), kw.pop("k"), kw.pop("seed"), base_seed=base_seed,
+                                      time_it=True)
     ln = lib._launcher(entry.name, ordinal, False)
     lib._choice[(case.op, ordinal, _features(case.op, entry.knobs), _dims(case.op, case.kwargs))] = ln
     kw = dict(case.kwargs)
@@ -92,6 +103,8 @@ def _short_case(case: Case) -> str:
     kw = case.kwargs
     if case.op == "gemm_w4a4":
         return f"M={kw['m']} N={kw['n']} K={kw['k']}"
+    if case.op == "decode_act":
+        return f"M={kw['m']} K={kw['k']}"
     return f"M={kw['m']} K={kw['k']} smooth={int(kw['use_smooth'])}"
 
 

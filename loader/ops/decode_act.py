@@ -1,0 +1,115 @@
+"""Operator ``decode_act``: NVFP4 activations -> exact fp16 *stage images* for the sm_90a GEMM.
+
+An internal operator: no public call.  A ``gemm_w4a4`` variant whose knob
+``act_source`` is ``images`` does not decode the activations itself; its
+call first runs this op into a per-call workspace, then the GEMM reads that
+workspace through its ``act`` pointer (`ImagesLauncher`; the GEMM op spec's
+``prepass`` names this op).  The decode then happens once per call instead
+of once per weight tile a CTA meets (N / tile_n times per activation row).
+
+The image format (``images``; one home: `image_rows`, `image_bytes`,
+`image_offset`):
+
+* element (m, k) holds ``e2m1(code[m, k]) · e4m3(ascales[m, k // 16]) · 2^-7``
+  as an fp16 (exact: at most 6 significant bits, between 2^-17 and 21);
+  the GEMM's epilogue multiplies by 2^14 (the weight side carries the
+  other 2^-7);
+* rows are padded with +0.0 to `image_rows(M)` (a multiple of 256, the
+  largest GEMM tile), so every tile's rows exist;
+* k-tile major: the 64 k of k-tile t of row r are the 128 bytes at
+  ``(t · image_rows(M) + r) · 128``, so the rows [m0, m0 + tile_m) of one
+  k-tile are one contiguous block that one bulk copy moves into a stage;
+* inside a row, the 16-byte chunk c (k = 8c .. 8c + 7) sits at chunk
+  ``c ^ (r % 8)``: the 128-byte swizzle of the GEMM's SMEM stages.
+
+Workspace: ``K · image_rows(M) · 2`` bytes per call (4x the size of `act`).
+"""
+from __future__ import annotations
+
+from .layouts import SCALE_LAYOUT_BY_ARCH
+from .spec import Feature, OpSpec, distinct_k_coverage, m_k_shape_rule
+
+#: Rows of one image block: M is padded to a multiple of this (the largest sm_90a activation tile).
+IMAGE_ROW_BLOCK = 256
+#: k per image row (one 128-byte fp16 row of a GEMM stage)
+IMAGE_K = 64
+#: The power-of-two factor every image value carries (undone in the GEMM's epilogue with the weight's).
+IMAGE_SCALE_LOG2 = -7
+
+
+def image_rows(m: int) -> int:
+    """Rows of the image of an M-row activation (M rounded up to IMAGE_ROW_BLOCK)."""
+    return -(-m // IMAGE_ROW_BLOCK) * IMAGE_ROW_BLOCK
+
+
+def image_bytes(m: int, k: int) -> int:
+    """Bytes of the workspace one call of an images GEMM needs."""
+    return k * image_rows(m) * 2
+
+
+def image_offset(m: int, row: int, k: int) -> int:
+    """Byte offset of element (row, k) in the image of an M-row activation (swizzled chunk, then k % 8)."""
+    t, kk = divmod(k, IMAGE_K)
+    c, e = divmod(kk, 8)
+    return ((t * image_rows(m) + row) * 8 + (c ^ (row % 8))) * 16 + 2 * e
+
+
+SPEC = OpSpec(
+    name="decode_act",
+    summary="NVFP4 activations -> exact fp16 stage images (the pre-pass of the sm_90a images GEMM)",
+    host_args=(("act", "ptr"), ("ascales", "ptr"), ("images", "ptr"), ("m", "i32"), ("k", "i32"),
+               ("stream", "stream")),
+    features=(Feature("scale_layout", "arch", by_arch={a: v for a, v in SCALE_LAYOUT_BY_ARCH.items()
+                                                       if a == "sm_90a"}),),
+    dims=("m", "k"),
+    shape_rule=m_k_shape_rule,
+    requirement_keys=("k_multiple",),
+    coverage_problems=distinct_k_coverage,
+)
+
+_ORDER = ("act", "ascales", "images", "m", "k", "stream")
+if SPEC.arg_names != _ORDER:  # pragma: no cover - a spec edit must update ImagesLauncher too
+    raise ImportError(f"decode_act: ImagesLauncher builds {_ORDER} but the spec's host args are {SPEC.arg_names}")
+
+
+class ImagesLauncher:
+    """The launcher of a ``gemm_w4a4`` variant with ``act_source`` images: per call, a workspace from
+    torch's caching allocator (on the current stream, which is the stream the library launches on), the
+    decode pass into it, then the GEMM with ``act`` = the workspace.  Same interface as `Launcher`.
+
+    The workspace is released when `launch` returns: torch's allocator hands the block out again only
+    to work queued after these two launches on the same stream."""
+
+    def __init__(self, decode, gemm, gemm_arg_names: tuple[str, ...]):
+        self.decode, self.gemm = decode, gemm
+        self.name = gemm.name
+        self.device = gemm.device
+        self._m, self._k = gemm_arg_names.index("m"), gemm_arg_names.index("k")
+        self._stream = gemm_arg_names.index("stream")
+        self._act, self._asc = gemm_arg_names.index("act"), gemm_arg_names.index("ascales")
+        self._empty = None
+
+    def _alloc(self, nbytes: int):
+        empty = self._empty
+        if empty is None:
+            from .checks import torch_module
+            torch = torch_module()
+            ordinal = getattr(self.device, "ordinal", 0)
+            dev = torch.device("cuda", ordinal)
+            u8 = torch.uint8
+            empty = self._empty = lambda n: torch.empty(n, dtype=u8, device=dev)
+        return empty(nbytes)
+
+    def launch(self, args) -> None:
+        m, k = args[self._m], args[self._k]
+        ws = self._alloc(image_bytes(m, k))
+        p = ws.data_ptr()
+        self.decode.launch([args[self._act], args[self._asc], p, m, k, args[self._stream]])
+        a = list(args)
+        a[self._act] = p
+        self.gemm.launch(a)
+        del ws
+
+
+__all__ = ["SPEC", "IMAGE_ROW_BLOCK", "IMAGE_K", "IMAGE_SCALE_LOG2", "image_rows", "image_bytes", "image_offset",
+           "ImagesLauncher"]

@@ -1,0 +1,195 @@
+"""The decode pass of the sm_90a images GEMM (op ``decode_act``) and the GEMM form that reads it.
+
+CPU only: the image format's two statements agree (the reference's vectorised layout and the element formula
+`image_offset`); the decode kernel and the images GEMM compile to the instruction mix their design says; a
+config with images forms but no decode_act section is refused naming the key; `ImagesLauncher` hands the
+decode pass and the GEMM the arguments the format needs.  The numbers (bit-exact images, the GEMM through
+the float64 reference) run on the H200: tests/test_gpu_gemm.py and ``svdq-aot selftest``.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from svdq_loader.ops import decode_act as D  # noqa: E402
+from svdq_loader.testing import reference as ref  # noqa: E402
+
+
+def _random_nvfp4(rng, m, k):
+    act = rng.integers(0, 256, (m, k // 2), dtype=np.uint8)
+    asc = rng.integers(0, 0x7F, (m, k // 16), dtype=np.uint8) | (rng.integers(0, 2, (m, k // 16), dtype=np.uint8) << 7)
+    return act, asc
+
+
+@pytest.mark.parametrize("m, k", [(1, 64), (37, 192), (256, 128), (300, 64)])
+def test_reference_images_follow_the_element_formula(m, k):
+    rng = np.random.default_rng(m * 131 + k)
+    act, asc = _random_nvfp4(rng, m, k)
+    img = ref.reference_images(act, asc)
+    assert img.size == D.image_bytes(m, k) == k * D.image_rows(m) * 2
+    assert D.image_rows(m) % D.IMAGE_ROW_BLOCK == 0 and m <= D.image_rows(m) < m + D.IMAGE_ROW_BLOCK
+    h = img.view(np.float16)
+    vals = ref.decode_e2m1(ref.unpack_nibbles(act)) * np.repeat(ref.decode_e4m3(asc), 16, axis=1) * 2.0 ** -7
+    rows, ks = np.meshgrid(np.arange(m), np.arange(k), indexing="ij")
+    offs = np.vectorize(lambda r, kk: D.image_offset(m, int(r), int(kk)))(rows, ks)
+    assert np.array_equal(h[offs // 2].astype(np.float64), vals)
+    assert np.array_equal(np.signbit(h[offs // 2]), np.signbit(vals))        # -0.0 stays -0.0
+    covered = np.zeros(h.size, dtype=bool)
+    covered[offs // 2] = True
+    assert np.all(h[~covered].view(np.uint16) == 0)                          # pad rows: +0.0
+
+
+def test_image_rows_of_one_tile_are_one_contiguous_block():
+    """The bulk copy of a stage: rows [m0, m0 + tile_m) of k-tile t are tile_m x 128 bytes from (t * rows + m0) * 128."""
+    m = 1000
+    for t in (0, 3):
+        for m0, tm in ((0, 256), (256, 128), (512, 256)):
+            offs = sorted(D.image_offset(m, r, t * 64 + kk) for r in range(m0, m0 + tm) for kk in range(64))
+            start = (t * D.image_rows(m) + m0) * 128
+            assert offs == list(range(start, start + tm * 128, 2))
+
+
+def test_images_launcher_runs_the_decode_then_the_gemm_on_the_workspace():
+    from svdq_loader.ops import GEMM_W4A4
+
+    class Stub:
+        def __init__(self, name):
+            self.name, self.device, self.calls = name, None, []
+
+        def launch(self, args):
+            self.calls.append(list(args))
+
+    dec, gemm = Stub("decode"), Stub("gemm")
+    ln = D.ImagesLauncher(dec, gemm, GEMM_W4A4.arg_names)
+    sizes = []
+
+    class WS:
+        def __init__(self, n):
+            sizes.append(n)
+
+        def data_ptr(self):
+            return 0x7000_0000
+
+    ln._empty = WS
+    names = GEMM_W4A4.arg_names
+    args = [0x1000 * (i + 1) for i in range(9)] + [300, 256, 3072, 132, 0x55]
+    ln.launch(args)
+    assert sizes == [D.image_bytes(300, 3072)] == [3072 * 512 * 2]
+    assert dec.calls == [[args[names.index("act")], args[names.index("ascales")], 0x7000_0000, 300, 3072, 0x55]]
+    want = list(args)
+    want[names.index("act")] = 0x7000_0000
+    assert gemm.calls == [want] and args[0] == 0x1000                       # the caller's list is untouched
+    assert ln.name == "gemm"
+
+
+def test_gemm_spec_names_decode_act_as_the_images_prepass():
+    from svdq_loader.ops import GEMM_W4A4, QUANTIZE_ACT
+    assert GEMM_W4A4.prepass({"act_source": "images"}) == "decode_act"
+    assert GEMM_W4A4.prepass({"act_source": "nvfp4"}) is None
+    assert QUANTIZE_ACT.prepass({"dtype": "bf16"}) is None and D.SPEC.prepass({}) is None
+
+
+# -- needs the DSL --------------------------------------------------------------------------------------------
+
+def _config(tmp_path, with_decode: bool):
+    p = tmp_path / "c.yaml"
+    p.write_text(textwrap.dedent("""\
+        name: img
+        archs: [sm_90a]
+        out_dtypes: [bf16]
+        ranks: [32]
+        wcscale: [true]
+        bias: [true]
+        shapes:
+          a: {k: 3072, n: 3072}
+        variants:
+          sm_90a:
+            gemm_w4a4:
+              forms:
+                - {tiles: [[256, 128, 64]], schedule: [ws, coop], act_source: [images]}
+                - {tiles: [[128, 128, 64]], schedule: [ws]}
+        """) + ("    decode_act: {}\n" if with_decode else ""))
+    return p
+
+
+@pytest.mark.parametrize("with_decode", [False, True])
+def test_images_forms_need_a_decode_act_section(tmp_path, with_decode):
+    pytest.importorskip("cutlass")
+    from svdq_aot.config import load_config
+    from svdq_aot.plan import PlanError, check_coverage
+    from svdq_aot.variants import check_sections, enumerate_variants
+    cfg = load_config(str(_config(tmp_path, with_decode)))
+    check_sections(cfg)
+    valid, rejected = enumerate_variants(cfg)
+    assert [r for v, r in rejected if v.knob_dict.get("schedule") == "coop"] == [
+        "act_source images with schedule coop: the bulk copies of the stage images are issued by the producer "
+        "warpgroup of a warp-specialised schedule (ws, ws_splitk2, ws_splitk4)"]
+    if with_decode:
+        check_coverage(cfg, valid, rejected)
+        assert [v.name for v in valid if v.op == "decode_act"] == ["svdq_decode_act_sm90a_reqk64"]
+    else:
+        with pytest.raises(PlanError, match=r"variants\.sm_90a\.decode_act: .*actsourceimages.* runs decode_act "
+                                            r"before each call, and the config builds no decode_act variant on "
+                                            r"sm_90a \(add `decode_act: \{\}` under variants\.sm_90a\)"):
+            check_coverage(cfg, valid, rejected)
+
+
+def test_decode_act_section_takes_no_knobs():
+    pytest.importorskip("cutlass")
+    from svdq_kernels import registry
+    fam = registry.family("decode_act", "sm_90a")
+    assert fam.config_axes("sm_90a", {}) == ([{}], [])
+    assert fam.config_axes("sm_90a", {"warps": [4]})[1] == [
+        "warps: unknown key (decode_act has no knobs; write decode_act: {})"]
+    assert fam.invalid_reason("sm_100a", {"scale_layout": "blocked"}).startswith("arch sm_100a is not built")
+
+
+def _sass_of(ck, tmp_path):
+    from kernel_checks import sass_of_cubin
+    return sass_of_cubin(ck.cubin, tmp_path)
+
+
+def test_decode_kernel_is_two_vector_loads_and_eight_vector_stores_per_thread(tmp_path):
+    pytest.importorskip("cutlass")
+    from svdq_kernels import registry
+    fam = registry.family("decode_act", "sm_90a")
+    knobs = {"scale_layout": "logical"}
+    ck = fam.compile("sm_90a", knobs, "svdq_decode_act_sm90a_reqk64", str(tmp_path))
+    (sym,) = ck.kernel_symbols
+    assert ck.resource_usage[sym]["stack_frame_bytes"] == 0 and ck.resource_usage[sym]["registers"] <= 64
+    assert ck.smem_bytes == 0
+    sass = _sass_of(ck, tmp_path)
+    assert len(re.findall(r"\bLDG\.E\.128\b", sass)) == 2              # 64 codes
+    assert len(re.findall(r"\bSTG\.E\.128\b", sass)) == 8              # one 128-byte image row
+    assert len(re.findall(r"\bHMUL2\b", sass)) == 32                   # one scale multiply per pair
+    assert "F2FP.F16.E4M3.UNPACK" in sass and not re.search(r"\b(STL|LDL)\b", sass)
+
+
+def test_images_gemm_bulk_copies_its_stages_and_decodes_no_activation(tmp_path):
+    """Against the nvfp4 form of the same tile: one bulk copy (UBLKCP) instead of the producer's decode."""
+    pytest.importorskip("cutlass")
+    from svdq_kernels import registry
+    from svdq_loader.ops import op_spec
+    fam = registry.family("gemm_w4a4", "sm_90a")
+    base = dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, scale_layout="logical", tile_m=256, tile_n=128,
+                tile_k=64, stages=4, prefetch=1, skip_pad=True, act_decode="prmt", schedule="ws", wsets=2)
+    counts = {}
+    for src in ("nvfp4", "images"):
+        knobs = dict(base, act_source=src)
+        name = op_spec("gemm_w4a4").name_for("sm_90a", knobs, fam.requirements("sm_90a", knobs))
+        ck = fam.compile("sm_90a", knobs, name, str(tmp_path / src))
+        sass = _sass_of(ck, tmp_path)
+        counts[src] = {op: len(re.findall(r"\b%s\b" % op, sass)) for op in ("UBLKCP", "HMUL2", "STS", "HGMMA")}
+        assert not re.search(r"\b(STL|LDL)\b", sass)
+    assert counts["images"]["UBLKCP"] == 1 and counts["nvfp4"]["UBLKCP"] == 0
+    assert counts["images"]["HGMMA"] == counts["nvfp4"]["HGMMA"]
+    # the weight decode (and LoRA staging) stays; the activation decode and its stage stores go
+    assert counts["images"]["HMUL2"] < counts["nvfp4"]["HMUL2"] / 4
+    assert counts["images"]["STS"] < counts["nvfp4"]["STS"] / 4
