@@ -53,6 +53,12 @@ Two schedules (knob ``schedule``) run that same arithmetic:
   of the 128-row tile where most rows are padding (M <= 64).  ``wsets`` 4 gives the MMA warps four raw weight
   register sets (k-tile j loaded four k-tiles before its decode) and unrolls their loop by four.
 
+* ``act_source`` images (ws schedules): ``act`` points to decode_act's stage images (format in
+  ``svdq_loader.ops.decode_act``), so the producer does no decode.  One producer thread waits on ``empty``,
+  posts the stage's tile_m x 128 bytes as mbarrier transaction bytes (``full[s]`` then expects one arrival)
+  and bulk-copies the k-tile's rows, one contiguous block, with ``cp.async.bulk``; the other producer
+  threads only join the split-K cluster barriers.  The rest is the ws kernel above.
+
 Launch ABI: host args = the op's (9 pointers, m, n, k, sm_count, stream); kernel params =
 the 9 pointers and m, n, k.  block = (256, 1, 1) (ws*: 384), cluster (S, 1, 1) for split K, dynamic SMEM =
 ``smem_bytes_for(knobs)``.
