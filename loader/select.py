@@ -173,6 +173,9 @@ def explain(variants: Sequence, rules: Mapping[tuple[str, str, str], Rule], p: P
         ex.why.append("chosen knobs: " + ", ".join(x.chosen_text(best.knobs, dims, sms) for x in b.prefer))
     if sm_count is None and any(isinstance(x, Fill) for x in b.prefer):
         ex.why.append(f"the grid fill assumes {sms} SMs (no device given)")
+    pre = op_spec(p.op).prepass(best.knobs)
+    if pre:
+        ex.why.append(f"each call runs {pre} first, into a workspace it allocates on the call's stream")
     for v in keyed[1:]:
         ex.rejected.append((v.name, _outranked(rules, p, v, best, sms)))
     return ex

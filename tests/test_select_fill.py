@@ -77,6 +77,44 @@ def test_sm90_rule_at_large_m_keeps_the_256_row_coop_tile(sm90_rules):
             assert select.choose(variants, _problem(m, n, k), sm90_rules, sm_count=132).name == "coop_256_pf1"
 
 
+#: session 6 (docs/PERF.md): x cuBLAS bf16 of the 256-row images form against the best producer-decode form
+#: measured in the same sweep (256 ws, 128 ws, 256 coop), R = 32, bf16
+MEASURED_IMAGES = {
+    (1024, 3072, 3072): (0.546, 0.450), (1024, 3072, 12288): (0.789, 0.596), (1024, 12288, 3072): (0.594, 0.474),
+    (4608, 3072, 3072): (0.579, 0.501), (4608, 3072, 12288): (0.767, 0.584), (4608, 12288, 3072): (0.626, 0.527),
+    (9728, 3072, 3072): (0.639, 0.587), (9728, 3072, 12288): (0.810, 0.616), (9728, 12288, 3072): (0.682, 0.613),
+}
+
+
+def _images_256():
+    v = _variant("ws", 256, 1, 2)
+    v.knobs = dict(v.knobs, act_source="images")
+    v.name = "images_256"
+    return v
+
+
+@pytest.mark.parametrize("shape", sorted(MEASURED_IMAGES))
+def test_sm90_rule_takes_the_images_form_where_it_was_fastest(sm90_rules, shape):
+    """configs/flux.yaml's forms now include the 256-row images form: the rule takes it at every shape where the
+    session-6 sweep measured it fastest, and says that the call runs decode_act first."""
+    m, k, n = shape
+    ours, best_other = MEASURED_IMAGES[shape]
+    assert ours > best_other
+    variants = [_variant(*f) for f in FORMS] + [_images_256()]
+    ex = select.explain(variants, sm90_rules, _problem(m, n, k), sm_count=132)
+    assert ex.chosen.name == "images_256", ex.text()
+    assert "each call runs decode_act first, into a workspace it allocates on the call's stream" in ex.why
+
+
+def test_sm90_rule_keeps_the_one_launch_forms_at_small_m(sm90_rules):
+    variants = [_variant(*f) for f in FORMS] + [_images_256()]
+    for n, k in ((3072, 3072), (3072, 12288), (12288, 3072)):
+        for m in (16, 64):
+            ex = select.explain(variants, sm90_rules, _problem(m, n, k), sm_count=132)
+            assert ex.chosen.knobs["act_source"] == "nvfp4", ex.text()
+            assert not any("decode_act" in w for w in ex.why)
+
+
 def test_fill_reads_the_device_sm_count(sm90_rules):
     """The same problem on twice the SMs: four-way split fills one wave where the two-way one did."""
     variants = [_variant(*f) for f in FORMS]
