@@ -61,7 +61,8 @@ TUNING: dict[str, tuple] = dict(
     # producer warpgroup into the stages.  "images": the exact fp16 stage images the decode_act pass wrote
     # (its format: svdq_loader.ops.decode_act); one producer thread bulk-copies each k-tile's rows into its
     # stage, and the call runs decode_act first (the op spec's prepass), so the decode happens once per call
-    # rather than once per weight tile
+    # rather than once per weight tile.  Run on the H200 with schedule ws (tiles 128 and 256); with ws_splitk2 /
+    # ws_splitk4 it compiles (no stack frame) but has not run yet (configs/sm90_images_small.yaml measures it)
     act_source=("nvfp4", "images"),
 )
 FEATURE_VALUES: dict[str, tuple] = dict(
