@@ -177,18 +177,20 @@ class Library:
         e = self._verified[name].entry
         pre = OPS[e.op].prepass(e.knobs)
         if pre is None:
-            return self._kernel_launcher(name, ordinal, capturing)
-        mine = sorted(v.name for v in self.variants if v.op == pre and v.arch == e.arch)
-        if not mine:
-            raise select.UnsupportedProblem(
-                f"variant {name} runs {pre} before each call, and {self.path} has no {pre} variant for "
-                f"{e.arch}; rebuild with `{pre}: {{}}` under variants.{e.arch} of the config")
-        ln = decode_op.ImagesLauncher(self._kernel_launcher(mine[0], ordinal, capturing),
-                                      self._kernel_launcher(name, ordinal, capturing), OPS[e.op].arg_names)
+            ln = self._kernel_launcher(name, ordinal, capturing)
+        else:
+            mine = sorted(v.name for v in self.variants if v.op == pre and v.arch == e.arch)
+            if not mine:
+                raise select.UnsupportedProblem(
+                    f"variant {name} runs {pre} before each call, and {self.path} has no {pre} variant for "
+                    f"{e.arch}; rebuild with `{pre}: {{}}` under variants.{e.arch} of the config")
+            ln = decode_op.ImagesLauncher(self._kernel_launcher(mine[0], ordinal, capturing),
+                                          self._kernel_launcher(name, ordinal, capturing), OPS[e.op].arg_names)
         with self._lock:
             return self._launchers.setdefault((name, ordinal), ln)
 
     def _kernel_launcher(self, name: str, ordinal: int, capturing: bool) -> Launcher:
+        """The one kernel launcher of variant `name` on device `ordinal` (its cubin loaded on first use)."""
         key = (name, ordinal)
         ln = self._kernel_lns.get(key)
         if ln is not None:
@@ -215,8 +217,6 @@ class Library:
                                           {s: [tuple(p) for p in ps] for s, ps in e.params.items()})
                 ln = Launcher.for_variant(vv, dk)
                 self._kernel_lns[key] = ln
-                if OPS[e.op].prepass(e.knobs) is None:
-                    self._launchers[key] = ln
         return ln
 
     def preload(self, device=None) -> int:
@@ -271,8 +271,8 @@ class Library:
         if fast is None:
             fast = self._gemm_checked(arch, act, wgt, ascales, wscales, lora_act_in, lora_up, wcscale, bias,
                                       out, out_dtype)
-        feats, dims, out, args = fast[:4]   # fast[4] (checked path): the weight prepared for this call, kept
-        ln = self._choice.get(("gemm_w4a4", ordinal, feats, dims))   # alive until the kernels are queued
+        feats, dims, out, args, _weight = fast   # _weight: held until the kernels are queued
+        ln = self._choice.get(("gemm_w4a4", ordinal, feats, dims))
         if ln is None:
             ln = self._resolve("gemm_w4a4", ordinal, feats, dims, _capturing())
         args[_GEMM_SMS] = self._sms[ordinal]

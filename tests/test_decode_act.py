@@ -194,3 +194,62 @@ def test_images_gemm_bulk_copies_its_stages_and_decodes_no_activation(tmp_path):
     # the weight decode (and LoRA staging) stays; the activation decode and its stage stores go
     assert counts["images"]["HMUL2"] < counts["nvfp4"]["HMUL2"] / 4
     assert counts["images"]["STS"] < counts["nvfp4"]["STS"] / 4
+
+
+def test_library_runs_the_decode_then_the_gemm_through_one_cached_launcher(tmp_path, monkeypatch):
+    """A real build of one images form and decode_act, loaded with the recording driver (tests/fake_cuda.py):
+    the call launches the decode kernel, then the GEMM with `act` replaced by the workspace, and the
+    (variant, device) launcher is built once."""
+    pytest.importorskip("cutlass")
+    torch = pytest.importorskip("torch")
+    import svdq_loader
+    from svdq_aot.build import build
+    from fake_cuda import FakeCuda, fake_driver
+    cfg = tmp_path / "img.yaml"
+    cfg.write_text(textwrap.dedent("""\
+        name: img
+        archs: [sm_90a]
+        out_dtypes: [bf16]
+        ranks: [0]
+        wcscale: [true]
+        bias: [true]
+        shapes:
+          a: {k: 256, n: 256}
+        variants:
+          sm_90a:
+            gemm_w4a4:
+              forms:
+                - {tiles: [[256, 128, 64]], schedule: [ws], prefetch: [1], act_source: [images]}
+            decode_act: {}
+        """))
+    build(str(cfg), str(tmp_path / "art"), jobs=1)
+    lib = svdq_loader.load(str(tmp_path / "art"))
+    rec = fake_driver(monkeypatch)
+    sizes = []
+
+    def alloc(self, n):
+        sizes.append(n)
+        return FakeCuda((n,), torch.uint8, ptr=0x7E00_0000_0000)
+    monkeypatch.setattr(D.ImagesLauncher, "_alloc", alloc)
+    m, n, k = 300, 256, 256
+    T = FakeCuda
+    w = lib.prepare_weight(T((n, k // 2), torch.uint8), T((n, k // 16), torch.float8_e4m3fn),
+                           wcscale=T((n,), torch.float32), bias=T((n,), torch.float32))
+    act, asc = T((m, k // 2), torch.uint8), T((m, k // 16), torch.float8_e4m3fn)
+    (gemm_name,) = [v.name for v in lib.variants if v.op == "gemm_w4a4"]
+    ln = lib._launcher(gemm_name, 0, False)
+    seen = []
+    for part in ("decode", "gemm"):
+        inner = getattr(ln, part)
+        monkeypatch.setattr(inner, "launch", lambda a, f=inner.launch, part=part: (seen.append((part, a[0], a[2])),
+                                                                                   f(a))[1])
+    for _ in range(2):
+        lib.gemm_w4a4(act, w, asc, out=T((m, n), torch.bfloat16))
+    assert lib._launchers[(gemm_name, 0)] is ln
+    # decode: (act, ascales, images = the workspace); GEMM: act = the workspace, wgt as prepared
+    assert seen == [("decode", act.data_ptr(), 0x7E00_0000_0000), ("gemm", 0x7E00_0000_0000, w.wgt.data_ptr())] * 2
+    assert isinstance(ln, D.ImagesLauncher) and ln.gemm is lib._kernel_lns[(gemm_name, 0)]
+    assert ln.decode is lib._kernel_lns[("svdq_decode_act_sm90a_reqk64", 0)]
+    dec, gem = ln.decode.kernels["svdq_decode_act_sm90a_reqk64_0"], ln.gemm.kernels[gemm_name + "_0"]
+    assert rec.launches == [dec, gem, dec, gem]                  # decode first, on every call
+    assert len(rec.loads) == 2 and sizes == [D.image_bytes(m, k)] * 2

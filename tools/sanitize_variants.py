@@ -37,7 +37,7 @@ def gemm_case(lib, arch, e, m, seed) -> bool:
     w = lib.prepare_weight(p["wgt"], p["wscales"], lora_up=p.get("lora_up"), wcscale=p.get("wcscale"),
                            bias=p.get("bias"))
     buf = torch.full((m + 3, n), float("nan"), dtype=DT[dt], device="cuda")
-    _, _, out, args = gop.fast_args(arch, p["act"], w, p["ascales"], p.get("lora_act_in"), buf[:m], None)
+    _, _, out, args, _ = gop.fast_args(arch, p["act"], w, p["ascales"], p.get("lora_act_in"), buf[:m], None)
     args[gop.SM_COUNT_INDEX] = lib._sms[0]
     _launch(lib, lib._launcher(e.name, 0, False), args, gop.STREAM_INDEX)
     torch.cuda.synchronize()

@@ -240,10 +240,11 @@ def _consts():
 
 
 def fast_args(arch: str, act, weight, ascales, lora_act_in, out, out_dtype):
-    """``(features, dims, out, args)`` when every rule of `plan_call` holds, else None.
+    """``(features, dims, out, args, weight)`` when every rule of `plan_call` holds, else None.
 
     `args` is the host-argument list with ``sm_count`` and ``stream`` left
-    0 for the caller.  None never means "invalid": the caller then runs
+    0 for the caller; `weight` is the `PreparedWeight` its pointers come from
+    (the caller holds it until the launch is queued).  None never means "invalid": the caller then runs
     `plan_call`, which raises the precise error (or accepts a rare form this
     one-pass check does not take, such as a tensor subclass).
     """
@@ -292,7 +293,7 @@ def fast_args(arch: str, act, weight, ascales, lora_act_in, out, out_dtype):
         return None
     pw, pws, plu, pwc, pb = weight.ptrs
     feats = (halves[want], weight.rank, pwc != 0, pb != 0, "logical")
-    return feats, (("m", m), ("n", n), ("k", k)), out, [pa, ps, pw, pws, pl, plu, pwc, pb, po, m, n, k, 0, 0]
+    return feats, (("m", m), ("n", n), ("k", k)), out, [pa, ps, pw, pws, pl, plu, pwc, pb, po, m, n, k, 0, 0], weight
 
 
 def _bf16():

@@ -662,7 +662,8 @@ def reference_images(packed, scales) -> np.ndarray:
     ``decode_act.image_offset``'s formula (k-tile major, 128-byte rows, chunk c at c ^ (row % 8))."""
     from svdq_loader.ops.decode_act import IMAGE_K, IMAGE_SCALE_LOG2, image_rows
     p = np.asarray(packed, dtype=np.uint8)
-    s = np.asarray(scales).view(np.uint8) if np.asarray(scales).dtype != np.uint8 else np.asarray(scales)
+    s = np.asarray(scales)
+    s = s if s.dtype == np.uint8 else s.view(np.uint8)
     m, kh = p.shape
     k = 2 * kh
     vals = decode_e2m1(unpack_nibbles(p)) * np.repeat(decode_e4m3(s), 16, axis=1) * 2.0 ** IMAGE_SCALE_LOG2
