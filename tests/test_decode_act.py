@@ -98,24 +98,25 @@ def test_gemm_spec_names_decode_act_as_the_images_prepass():
 
 # -- needs the DSL --------------------------------------------------------------------------------------------
 
-def _config(tmp_path, with_decode: bool):
+def _config(tmp_path, with_decode: bool, forms=("{tiles: [[256, 128, 64]], schedule: [ws, coop], act_source: [images]}",
+                                                 "{tiles: [[128, 128, 64]], schedule: [ws]}"),
+            rank=32, k=3072, n=3072):
+    """A one-shape sm_90a config with these GEMM forms, and a decode_act section if `with_decode`."""
     p = tmp_path / "c.yaml"
-    p.write_text(textwrap.dedent("""\
+    p.write_text(textwrap.dedent(f"""\
         name: img
         archs: [sm_90a]
         out_dtypes: [bf16]
-        ranks: [32]
+        ranks: [{rank}]
         wcscale: [true]
         bias: [true]
         shapes:
-          a: {k: 3072, n: 3072}
+          a: {{k: {k}, n: {n}}}
         variants:
           sm_90a:
             gemm_w4a4:
               forms:
-                - {tiles: [[256, 128, 64]], schedule: [ws, coop], act_source: [images]}
-                - {tiles: [[128, 128, 64]], schedule: [ws]}
-        """) + ("    decode_act: {}\n" if with_decode else ""))
+        """) + "".join(f"        - {f}\n" for f in forms) + ("    decode_act: {}\n" if with_decode else ""))
     return p
 
 
@@ -205,23 +206,8 @@ def test_library_runs_the_decode_then_the_gemm_through_one_cached_launcher(tmp_p
     import svdq_loader
     from svdq_aot.build import build
     from fake_cuda import FakeCuda, fake_driver
-    cfg = tmp_path / "img.yaml"
-    cfg.write_text(textwrap.dedent("""\
-        name: img
-        archs: [sm_90a]
-        out_dtypes: [bf16]
-        ranks: [0]
-        wcscale: [true]
-        bias: [true]
-        shapes:
-          a: {k: 256, n: 256}
-        variants:
-          sm_90a:
-            gemm_w4a4:
-              forms:
-                - {tiles: [[256, 128, 64]], schedule: [ws], prefetch: [1], act_source: [images]}
-            decode_act: {}
-        """))
+    cfg = _config(tmp_path, True, forms=("{tiles: [[256, 128, 64]], schedule: [ws], prefetch: [1], act_source: [images]}",),
+                  rank=0, k=256, n=256)
     build(str(cfg), str(tmp_path / "art"), jobs=1)
     lib = svdq_loader.load(str(tmp_path / "art"))
     rec = fake_driver(monkeypatch)
