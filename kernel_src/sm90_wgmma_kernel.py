@@ -42,7 +42,8 @@ Two schedules (knob ``schedule``) run that same arithmetic:
   chunk has SMEM of its own).  ``setmaxnreg`` gives the producer ``WS_PRODUCER_REGS`` and the
   MMA warps ``WS_CONSUMER_REGS`` out of the launch allocation of 384 x 168 registers.
 
-* ``ws_splitk2`` / ``ws_splitk4`` (128-row tile only; float64-checked and timed on the H200, session 5):
+* ``ws_splitk2`` / ``ws_splitk4`` (128- and 64-row tiles; the 256-row tile with ``act_source`` images only;
+  float64-checked and timed on the H200, sessions 5 and 7):
   the ``ws`` kernel with one tile per cluster of 2 / 4 CTAs (grid = tiles x S, no persistence), CTA rank r
   over k-tiles [r·K/S, (r+1)·K/S).  After the main loop the MMA warps of ranks 1.. store their fp32
   partial sums into their own stages (idle by then), a cluster barrier (joined by every thread, producers

@@ -61,8 +61,8 @@ TUNING: dict[str, tuple] = dict(
     # producer warpgroup into the stages.  "images": the exact fp16 stage images the decode_act pass wrote
     # (its format: svdq_loader.ops.decode_act); one producer thread bulk-copies each k-tile's rows into its
     # stage, and the call runs decode_act first (the op spec's prepass), so the decode happens once per call
-    # rather than once per weight tile.  Run on the H200 with schedule ws (tiles 128 and 256); with ws_splitk2 /
-    # ws_splitk4 it compiles (no stack frame) but has not run yet (configs/sm90_images_small.yaml measures it)
+    # rather than once per weight tile.  Run on the H200 with every ws schedule at tile 128 and 256 (session 7;
+    # the 256-row tile can split K only in this form: its producer does no decode, so it keeps no stack frame)
     act_source=("nvfp4", "images"),
 )
 FEATURE_VALUES: dict[str, tuple] = dict(
@@ -78,9 +78,11 @@ FEATURE_VALUES: dict[str, tuple] = dict(
 #: docs/PERF.md (tools/sm90_sweep.py, M = 16 ... 1024, the three FLUX (K, N) of configs/sm90_ws.yaml): per
 #: 64-k step a 256-row tile costs 0.86 x twice a 128-row one (0.85-0.87 measured at M = 256 and 1024), a
 #: 64-row tile 0.83 x one 128-row tile (0.82-0.83 at M = 16 and 64, where both have the same CTAs), and
-#: splitting K over 2 / 4 CTAs of a cluster costs about 7 / 11 extra k-steps (the reduction and a second
-#: pipeline fill: t = 0.51 us x k-steps + 4.7 / 8.1 / 10.5 us for 1 / 2 / 4 CTAs at M = 16, N = 3072).
-#: With those constants it picks the fastest built form at 15 of the 15 measured shapes.  The images form
+#: splitting K over 2 / 4 CTAs of a cluster costs 12 / 22 extra k-steps (the reduction and a second pipeline
+#: fill, no persistence).  Session 5 fitted 7 / 11 to the 128-row forms alone; 12 / 22 keeps all 15 of its
+#: shapes right and also picks the fastest form at all 12 shapes of session 7's sweep, whose 256-row split
+#: forms pay a reduction twice as large (7 / 11 took the 4-way 256-row split at M = 1024, K = 12288: 0.54 x
+#: cuBLAS against 0.72 unsplit).  The images form
 #: (act_source images) costs 0.76 x that per k-step (session 6: a 256-row images tile ran at 0.646-0.66 x the
 #: time of two 128-row nvfp4 ones at M = 1024 and 4608, N = 12288; 0.65 / 0.86).  Ties (equal
 #: estimates: many waves, or the same tile) go to the M bucket's order: the 128-row tile up to M = 256, the
@@ -92,7 +94,7 @@ FEATURE_VALUES: dict[str, tuple] = dict(
 _FILL = {"fill": {"tile": ["tile_m", "tile_n", "tile_k"], "ctas_per_sm": 1,
                   "factor": [{"knob": "tile_m", "values": [[64, 1.66], [256, 0.86]]},
                              {"knob": "act_source", "values": [["images", 0.76]]}],
-                  "split": {"knob": "schedule", "values": [["ws_splitk2", 2, 7], ["ws_splitk4", 4, 11]]}}}
+                  "split": {"knob": "schedule", "values": [["ws_splitk2", 2, 12], ["ws_splitk4", 4, 22]]}}}
 _FORMS = [{"knob": "act_decode", "values": ["prmt", "shift"]}, {"knob": "skip_pad", "values": [True, False]}]
 SELECTION = [
     {"m_max": 256, "priority": 0, "prefer": [_FILL, {"knob": "tile_m", "order": "asc"},

@@ -197,6 +197,33 @@ def test_images_gemm_bulk_copies_its_stages_and_decodes_no_activation(tmp_path):
     assert counts["images"]["STS"] < counts["nvfp4"]["STS"] / 4
 
 
+def test_images_gemm_splits_k_at_the_256_row_tile_without_a_stack_frame(tmp_path):
+    """The 256-row images tile with K over 4 CTAs (configs/flux.yaml's form for M = 256, K = 12288): 168 launch
+    registers and no stack frame, where the nvfp4 form of the same tile is refused (its producer decode spills);
+    rank 0 reads each peer's 128 partial sums per thread as 32 distributed-SMEM loads between two cluster
+    barriers."""
+    pytest.importorskip("cutlass")
+    from svdq_kernels import registry
+    from svdq_loader.ops import op_spec
+    fam = registry.family("gemm_w4a4", "sm_90a")
+    knobs = dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, scale_layout="logical", tile_m=256,
+                 tile_n=128, tile_k=64, stages=4, prefetch=1, skip_pad=True, act_decode="prmt",
+                 schedule="ws_splitk4", wsets=2, act_source="images")
+    assert fam.invalid_reason("sm_90a", knobs) is None
+    assert "act_source nvfp4" in fam.invalid_reason("sm_90a", dict(knobs, act_source="nvfp4"))
+    assert fam.requirements("sm_90a", knobs)["k_multiple"] == 2 * 64 * 4
+    name = op_spec("gemm_w4a4").name_for("sm_90a", knobs, fam.requirements("sm_90a", knobs))
+    ck = fam.compile("sm_90a", knobs, name, str(tmp_path))
+    usage = ck.resource_usage[ck.kernel_symbols[0]]
+    assert usage["stack_frame_bytes"] == 0 and usage["registers"] == 168
+    sass = _sass_of(ck, tmp_path)
+    assert not re.search(r"\b(STL|LDL)\b", sass)
+    # the two barriers in the MMA warps' path and in the producer's (its bulk-copy thread and the idle ones)
+    assert sass.count("UCGABAR_ARV") == sass.count("UCGABAR_WAIT") >= 4
+    assert len(re.findall(r"\bLD\.E\.128\b", sass)) >= 32
+    assert len(re.findall(r"\bUBLKCP\b", sass)) == 1
+
+
 def test_library_runs_the_decode_then_the_gemm_through_one_cached_launcher(tmp_path, monkeypatch):
     """A real build of one images form and decode_act, loaded with the recording driver (tests/fake_cuda.py):
     the call launches the decode kernel, then the GEMM with `act` replaced by the workspace, and the
