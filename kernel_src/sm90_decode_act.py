@@ -14,7 +14,8 @@ image_rows(M) - 1 are written as +0.0 (codes and scale taken as 0).  grid = (ima
 
 Launch ABI: host args = the op's (act, ascales, images, m, k, stream); kernel params: the 3 pointers, m, k.
 Preconditions (the loader enforces them): 16-byte aligned contiguous tensors, m >= 1, k % 64 == 0,
-K · image_rows(M) · 2 < 2^35 (16-byte block offsets below 2^31).
+K · image_rows(M) · 2 < 2^31 (the image's size and offsets are 32-bit; the loader's selection keeps larger
+calls on the nvfp4 forms).
 """
 from __future__ import annotations
 

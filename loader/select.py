@@ -146,7 +146,7 @@ def explain(variants: Sequence, rules: Mapping[tuple[str, str, str], Rule], p: P
     fits, reasons = [], []
     dims = p.dim
     for v in feats:
-        why = spec.shape_problem(v.requirements, dims)
+        why = spec.shape_problem(v.requirements, dims, v.knobs)
         if why:
             reasons.append(f"{v.name}: {why}")
             ex.rejected.append((v.name, why))

@@ -247,7 +247,7 @@ def _parse_entry(c: _TCtx, raw: Any, p: str, variants: Mapping[str, Any]) -> Ent
         if (v.op, v.arch) != (op, arch) or spec.feature_key(v.knobs) != key:
             raise c.fail(f"{p}.times_us", name, f"is not a {arch} {op} variant with the entry's features")
         for m in ms:
-            why = spec.shape_problem(v.requirements, {**dims, "m": m})
+            why = spec.shape_problem(v.requirements, {**dims, "m": m}, v.knobs)
             if why:
                 raise c.fail(f"{p}.times_us", name, f"does not serve the entry's shape: {why}")
         if not isinstance(ts, list) or len(ts) != len(ms) or not all(

@@ -96,6 +96,46 @@ def test_gemm_spec_names_decode_act_as_the_images_prepass():
     assert QUANTIZE_ACT.prepass({"dtype": "bf16"}) is None and D.SPEC.prepass({}) is None
 
 
+def _gemm_variant(name, **knobs):
+    from types import SimpleNamespace
+    k = dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, scale_layout="logical", tile_m=256, tile_n=128,
+             tile_k=64, stages=4, prefetch=1, skip_pad=True, act_decode="prmt", schedule="ws", wsets=2,
+             act_source="images")
+    k.update(knobs)
+    return SimpleNamespace(name=name, op="gemm_w4a4", arch="sm_90a", knobs=k, family="sm90_wgmma_w4a4",
+                           requirements=dict(n_multiple=128, k_multiple=128))
+
+
+def test_images_forms_leave_the_selection_where_the_image_would_not_fit_32_bit_offsets():
+    """decode_act indexes its image with 32-bit integers: a call whose image takes 2^31 bytes or more is served
+    by a producer-decode form, and `explain` names the size and the rule.  K = 12288: M = 87296 (341 blocks of
+    256 rows, 2^31 - 2^22 bytes) still takes the images form, M = 87297 (342 blocks) does not."""
+    from svdq_loader import select
+    from svdq_loader.ops import GEMM_W4A4
+    from svdq_loader.select_rules import default_rule
+    k = 12288
+    assert D.image_bytes(87296, k) < D.IMAGE_BYTES_LIMIT <= D.image_bytes(87297, k)
+    assert GEMM_W4A4.knob_size_rule({"act_source": "images"}, dict(m=87296, n=3072, k=k)) is None
+    assert GEMM_W4A4.knob_size_rule({"act_source": "nvfp4"}, dict(m=10 ** 6, n=3072, k=k)) is None
+    variants = [_gemm_variant("images_256"), _gemm_variant("coop_256", schedule="coop", act_source="nvfp4")]
+    rules = {("gemm_w4a4", "sm_90a", "sm90_wgmma_w4a4"): default_rule("gemm_w4a4", "sm_90a", "sm90_wgmma_w4a4")}
+    feats = ("bf16", 32, True, True, "logical")
+    fits = select.explain(variants, rules, select.Problem("gemm_w4a4", "sm_90a", feats,
+                                                          (("m", 87296), ("n", 3072), ("k", k))))
+    assert sorted(fits.candidates) == ["coop_256", "images_256"]
+    big = select.explain(variants, rules, select.Problem("gemm_w4a4", "sm_90a", feats,
+                                                         (("m", 87297), ("n", 3072), ("k", k))))
+    assert big.chosen.name == "coop_256" and big.candidates == ["coop_256"]
+    why = dict(big.rejected)["images_256"]
+    assert why == (f"act_source images: the decode_act image of M=87297, K=12288 takes {D.image_bytes(87297, k)} "
+                   "bytes, not below 2^31 (decode_act indexes it with 32-bit offsets); the forms that decode in "
+                   "their producer (act_source nvfp4) serve this call")
+    # only images forms built: the call is refused before any launch, naming the rule
+    only = select.explain(variants[:1], rules, select.Problem("gemm_w4a4", "sm_90a", feats,
+                                                              (("m", 87297), ("n", 3072), ("k", k))))
+    assert only.chosen is None and "not below 2^31" in only.error
+
+
 # -- needs the DSL --------------------------------------------------------------------------------------------
 
 def _config(tmp_path, with_decode: bool, forms=("{tiles: [[256, 128, 64]], schedule: [ws, coop], act_source: [images]}",

@@ -2,6 +2,7 @@
 
     compute-sanitizer --tool memcheck --report-api-errors no python3 tools/sanitize_variants.py artifacts
     compute-sanitizer --tool racecheck python3 tools/sanitize_variants.py artifacts --default-only --m 77,1000
+    compute-sanitizer --tool racecheck python3 tools/sanitize_variants.py artifacts --match splitk4 --m 77
 
 Each variant's launcher is driven directly (selection bypassed, so every variant runs, not only the ones
 selection prefers).  Outputs sit NaN-poisoned in a buffer with guard rows; gemm_w4a4 is checked against
@@ -67,12 +68,16 @@ def main() -> int:
     ap.add_argument("--m", default="1,77,1000,4592", help="comma-separated M values")
     ap.add_argument("--default-only", action="store_true",
                     help="only the variants selection picks for bf16, R=32, wcscale and bias (racecheck/synccheck)")
+    ap.add_argument("--match", action="append", default=[], metavar="TEXT",
+                    help="only variants whose name contains TEXT (repeatable: all must match)")
     a = ap.parse_args()
     lib = svdq_loader.load(a.artifacts)
     arch = driver.device_arch(0)
     lib._device_arch(0)
     ms = [int(v) for v in a.m.split(",")]
-    todo = [e for e in lib.variants if e.arch == arch]
+    # decode_act runs inside the images GEMM variants' launcher (its own numerics: svdq-aot selftest)
+    todo = [e for e in lib.variants if e.arch == arch and e.op in ("gemm_w4a4", "quantize_act")
+            and all(t in e.name for t in a.match)]
     if a.default_only:
         keep = {lib.choose("gemm_w4a4", arch, m=1000, n=3072, k=3072, rank=32).name,
                 lib.choose("quantize_act", arch, m=1000, k=3072, rank=32).name}

@@ -37,6 +37,11 @@ IMAGE_K = 64
 IMAGE_SCALE_LOG2 = -7
 
 
+#: An image must take fewer bytes than this: decode_act computes its offsets in 32-bit integers.  The GEMM's
+#: images forms are out of the selection for a call whose image would not fit (the nvfp4 forms serve it).
+IMAGE_BYTES_LIMIT = 1 << 31
+
+
 def image_rows(m: int) -> int:
     """Rows of the image of an M-row activation (M rounded up to IMAGE_ROW_BLOCK)."""
     return -(-m // IMAGE_ROW_BLOCK) * IMAGE_ROW_BLOCK
@@ -111,5 +116,5 @@ class ImagesLauncher:
         del ws
 
 
-__all__ = ["SPEC", "IMAGE_ROW_BLOCK", "IMAGE_K", "IMAGE_SCALE_LOG2", "image_rows", "image_bytes", "image_offset",
+__all__ = ["SPEC", "IMAGE_BYTES_LIMIT", "IMAGE_ROW_BLOCK", "IMAGE_K", "IMAGE_SCALE_LOG2", "image_rows", "image_bytes", "image_offset",
            "ImagesLauncher"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .decode_act import IMAGE_BYTES_LIMIT, image_bytes
 from .layouts import SCALE_LAYOUT_BY_ARCH, WEIGHT_FORMAT_BY_ARCH
 from .spec import PTR_ALIGN, Feature, OpSpec
 
@@ -30,6 +31,16 @@ def _shape_rule(req, dims) -> str | None:
         return f"N={dims['n']} is not a multiple of {req['n_multiple']}"
     if dims["k"] % req["k_multiple"]:
         return f"K={dims['k']} is not a multiple of {req['k_multiple']}"
+    return None
+
+
+def _knob_size_rule(knobs, dims) -> str | None:
+    if knobs.get("act_source") == "images":
+        nbytes = image_bytes(dims["m"], dims["k"])
+        if nbytes >= IMAGE_BYTES_LIMIT:
+            return (f"act_source images: the decode_act image of M={dims['m']}, K={dims['k']} takes {nbytes} bytes, "
+                    f"not below 2^31 (decode_act indexes it with 32-bit offsets); the forms that decode in "
+                    f"their producer (act_source nvfp4) serve this call")
     return None
 
 
@@ -61,6 +72,7 @@ SPEC = OpSpec(
     sample_scalars={"sm_count": 132},
     # a variant with act_source "images" reads the stage images decode_act writes (ops/decode_act.py)
     prepass=lambda knobs: "decode_act" if knobs.get("act_source") == "images" else None,
+    knob_size_rule=_knob_size_rule,
 )
 
 

@@ -12,7 +12,7 @@ loader.  Its spec says, in one place:
 * ``dims``: the problem's integer sizes (``m``, ``n``, ``k`` ...), and
   ``shape_problem``: *the* divisibility rule, fed by the requirements a
   family records per variant; build-time coverage and run-time selection
-  both call it;
+  both call it; ``knob_size_rule`` adds what a knob's value asks of the sizes;
 * ``coverage``: which problems a config asks the build to serve;
 * ``prepass``: which variants' calls run another op's kernel first.
 
@@ -66,6 +66,9 @@ class OpSpec:
     #: is two launches on one stream (e.g. ``gemm_w4a4`` with ``act_source`` images runs ``decode_act``
     #: into a per-call workspace first); the build refuses a config that lacks the pre-pass op's variants.
     prepass: Callable[[Mapping[str, Any]], "str | None"] = lambda knobs: None
+    #: (variant knobs, dims) -> None or the size rule a knob adds to the shape rule (e.g. the images GEMM's
+    #: workspace, which its pre-pass indexes with 32-bit offsets).  Selection and the tuning table apply it.
+    knob_size_rule: Callable[[Mapping[str, Any], Mapping[str, int]], "str | None"] = lambda knobs, dims: None
 
     def __post_init__(self):
         names = [a for a, _ in self.host_args]
@@ -123,8 +126,14 @@ class OpSpec:
                 out.append(int(self.sample_scalars.get(a, 1)))
         return out
 
-    def shape_problem(self, requirements: Mapping[str, int], dims: Mapping[str, int]) -> str | None:
-        return self.shape_rule(requirements, dims)
+    def shape_problem(self, requirements: Mapping[str, int], dims: Mapping[str, int],
+                      knobs: Mapping[str, Any] | None = None) -> str | None:
+        """The rule `dims` break for a variant with these requirements (and, given its knobs, the knobs' size
+        rule), or None."""
+        why = self.shape_rule(requirements, dims)
+        if why is None and knobs is not None:
+            why = self.knob_size_rule(knobs, dims)
+        return why
 
     def check_feature_values(self, knobs: Mapping[str, Any], arch: str) -> list[str]:
         """Problems with the feature knobs of a variant (type, allowed value, arch-fixed value)."""
