@@ -40,13 +40,14 @@ FORMS = (("ws", 64, 2, 4), ("ws_splitk4", 64, 2, 4), ("ws", 128, 2, 2), ("ws_spl
          ("ws_splitk4", 128, 2, 2), ("coop", 256, 1, 2))
 
 
-def _variant(schedule, tile_m, prefetch, wsets):
+def _variant(schedule, tile_m, prefetch, wsets, act_source="nvfp4", name=None):
     knobs = dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, scale_layout="logical", tile_m=tile_m,
                  tile_n=128, tile_k=64, stages=4, prefetch=prefetch, skip_pad=True, act_decode="prmt",
-                 schedule=schedule, wsets=wsets, act_source="nvfp4")
+                 schedule=schedule, wsets=wsets, act_source=act_source)
     split = {"ws_splitk2": 2, "ws_splitk4": 4}.get(schedule, 1)
-    return SimpleNamespace(name=f"{schedule}_{tile_m}_pf{prefetch}", op="gemm_w4a4", arch="sm_90a", knobs=knobs,
-                           family=FAMILY, requirements=dict(n_multiple=128, k_multiple=64 * max(2, wsets) * split))
+    return SimpleNamespace(name=name or f"{schedule}_{tile_m}_pf{prefetch}", op="gemm_w4a4", arch="sm_90a",
+                           knobs=knobs, family=FAMILY,
+                           requirements=dict(n_multiple=128, k_multiple=64 * max(2, wsets) * split))
 
 
 def _problem(m, n, k):
@@ -87,10 +88,7 @@ MEASURED_IMAGES = {
 
 
 def _images_256():
-    v = _variant("ws", 256, 1, 2)
-    v.knobs = dict(v.knobs, act_source="images")
-    v.name = "images_256"
-    return v
+    return _variant("ws", 256, 1, 2, act_source="images", name="images_256")
 
 
 @pytest.mark.parametrize("shape", sorted(MEASURED_IMAGES))
@@ -126,12 +124,8 @@ MEASURED_SPLIT256 = {
 
 
 def _split_forms():
-    vs = [_variant("ws", 128, 2, 2), _variant("ws_splitk2", 128, 2, 2), _variant("ws_splitk4", 128, 2, 2),
-          _images_256()]
-    s4 = _variant("ws_splitk4", 256, 1, 2)
-    s4.knobs = dict(s4.knobs, act_source="images")
-    s4.name = "images_splitk4_256"
-    return vs + [s4]
+    return [_variant("ws", 128, 2, 2), _variant("ws_splitk2", 128, 2, 2), _variant("ws_splitk4", 128, 2, 2),
+            _images_256(), _variant("ws_splitk4", 256, 1, 2, act_source="images", name="images_splitk4_256")]
 
 
 @pytest.mark.parametrize("shape", sorted(MEASURED_SPLIT256))
