@@ -52,6 +52,16 @@ def image_bytes(m: int, k: int) -> int:
     return k * image_rows(m) * 2
 
 
+def image_size_problem(m: int, k: int) -> str | None:
+    """Why an images GEMM cannot serve an M x K call (its image would not fit 32-bit offsets), or None."""
+    nbytes = image_bytes(m, k)
+    if nbytes < IMAGE_BYTES_LIMIT:
+        return None
+    return (f"act_source images: the decode_act image of M={m}, K={k} takes {nbytes} bytes, not below 2^31 "
+            f"(decode_act indexes it with 32-bit offsets); the forms that decode in their producer "
+            f"(act_source nvfp4) serve this call")
+
+
 def image_offset(m: int, row: int, k: int) -> int:
     """Byte offset of element (row, k) in the image of an M-row activation (swizzled chunk, then k % 8)."""
     t, kk = divmod(k, IMAGE_K)
@@ -116,5 +126,5 @@ class ImagesLauncher:
         del ws
 
 
-__all__ = ["SPEC", "IMAGE_BYTES_LIMIT", "IMAGE_ROW_BLOCK", "IMAGE_K", "IMAGE_SCALE_LOG2", "image_rows", "image_bytes", "image_offset",
-           "ImagesLauncher"]
+__all__ = ["SPEC", "IMAGE_BYTES_LIMIT", "IMAGE_ROW_BLOCK", "IMAGE_K", "IMAGE_SCALE_LOG2", "image_rows", "image_bytes",
+           "image_size_problem", "image_offset", "ImagesLauncher"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .decode_act import IMAGE_BYTES_LIMIT, image_bytes
+from .decode_act import image_size_problem
 from .layouts import SCALE_LAYOUT_BY_ARCH, WEIGHT_FORMAT_BY_ARCH
 from .spec import PTR_ALIGN, Feature, OpSpec
 
@@ -35,13 +35,7 @@ def _shape_rule(req, dims) -> str | None:
 
 
 def _knob_size_rule(knobs, dims) -> str | None:
-    if knobs.get("act_source") == "images":
-        nbytes = image_bytes(dims["m"], dims["k"])
-        if nbytes >= IMAGE_BYTES_LIMIT:
-            return (f"act_source images: the decode_act image of M={dims['m']}, K={dims['k']} takes {nbytes} bytes, "
-                    f"not below 2^31 (decode_act indexes it with 32-bit offsets); the forms that decode in "
-                    f"their producer (act_source nvfp4) serve this call")
-    return None
+    return image_size_problem(dims["m"], dims["k"]) if knobs.get("act_source") == "images" else None
 
 
 def _coverage(config) -> list[tuple[str, str, dict]]:
