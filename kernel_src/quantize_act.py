@@ -50,9 +50,11 @@ Work decomposition
   staged per warp in SMEM with ``cp.async.ca`` (double buffered; co-resident
   CTAs hit the same tiles in L1), rows stored in the permuted order so that
   ``ldmatrix.trans`` yields the matching fragments (row pitch 2R + 16 bytes:
-  conflict free).  The tile's copy addresses are a per-lane base plus the
-  step's offset plus constants where R / 8 is a power of two (``_srow`` is a
-  bit permutation), so a step spends no index arithmetic on them.  At the end
+  conflict free, for the copies too: ``_srow`` puts the two rows of a
+  128-byte line 4 rows apart).  The tile's copy addresses are a
+  per-lane base plus the step's offset plus constants where R / 8 is a power
+  of two (``_srow`` is a bit permutation), so a step spends no index
+  arithmetic on them.  At the end
   the warps' partial sums are added in SMEM and rows < M are stored in x's
   dtype.
 
@@ -133,7 +135,10 @@ STEP_K = 64                       # k per warp step (= the K multiple required)
 SMEM_LIMIT_BYTES = 227 * 1024     # dynamic SMEM per CTA on sm_90 / sm_100 (opt-in limit)
 #: sm_120 / sm_121 (GeForce / workstation Blackwell): 99 KiB per block (the DSL's arch table) - 1 KiB static
 _SMEM_LIMIT_BY_ARCH = {"sm_120a": 99 * 1024 - 1024, "sm_121a": 99 * 1024 - 1024}
-_RS_BYTES = STEP_K * 4            # per-warp buffer of the step's 64 reciprocals of smooth
+#: Per-warp buffer of the step's 64 reciprocals of smooth: four 64-byte groups (one per lane column t,
+#: k in [16t, 16t + 16)), the second pair 16 bytes further on (`_rs_offset`).  Without that gap a warp's
+#: four 16-byte reads of one instruction (one address per t, broadcast over g) took 8 wavefronts, not 4.
+_RS_BYTES = STEP_K * 4 + 16
 _SM_STAGE_BYTES = STEP_K * 2      # one step of smooth (32 lanes x one 16-bit pair)
 _DT = {"bf16": BFloat16, "fp16": Float16}
 _ONE_PAIR = {"bf16": 0x3F803F80, "fp16": 0x3C003C00}   # (1.0, 1.0) in the 16-bit type
@@ -418,11 +423,35 @@ def _e4m3_pair(sc_lo, sc_hi):
                 (Int32, Float32, Float32), [sc_lo, sc_hi], "=r,=f,=f,f,f")
 
 
+def _rs_offset(t):
+    """Byte offset in the reciprocal buffer of lane column t's 16 reciprocals (ints and DSL integers):
+    group t at 64t, plus 16 for t >= 2.  A read of chunk i by the four columns hits the 16-byte bank groups
+    i, i + 4, i + 1, i + 5 (mod 8): no conflict; each half warp's 8-byte writes stay one 128-byte run."""
+    return 64 * t + 16 * (t >> 1)
+
+
 def _srow(kk):
-    """Staged row of lora_down row kk (0 <= kk < 64) of a step: the k permutation of the mma B operand
-    (virtual k 16j + 8h + 2t + e <- real k 16t + 4j + 2h + e).  A bit permutation of kk, for ints and DSL
-    integers alike: _srow(a + b) = _srow(a) + _srow(b) where a and b share no bit."""
-    return 16 * ((kk >> 2) & 3) + 8 * ((kk >> 1) & 1) + 2 * (kk >> 4) + (kk & 1)
+    """Staged row of lora_down row kk (0 <= kk < 64) of a step.  Real k = 16t + 4j + 2h + e is the mma B
+    operand's virtual k 16j + 8h + 2t + e (lane column t's own x̂ words, no shuffling); its row is
+    16j + 8h + t + 4e.  The 8 rows an ldmatrix reads for one matrix (t = 0..3, e = 0..1) are then 8 rows in
+    a row (distinct bank groups at the odd pitch), and the two lora_down rows of a 128-byte line (e = 0, 1)
+    lie 4 rows apart, so a line's 8 chunks land in 8 distinct bank groups too (rows 1 apart, the first
+    order, made every copy take 8 wavefronts instead of 4 on the H200).  A bit permutation of kk, for ints
+    and DSL integers alike: _srow(a + b) = _srow(a) + _srow(b) where a and b share no bit."""
+    return (kk >> 4) + 4 * (kk & 1) + 8 * ((kk >> 1) & 1) + 16 * ((kk >> 2) & 3)
+
+
+def _ldsm_row(mv):
+    """The staged row (within its 8-row matrix block) that lane mv (0..7) of an ldmatrix matrix points at:
+    virtual k 2t + e of the block, so t = mv // 2, e = mv % 2 (see `_srow`)."""
+    return (mv >> 1) + 4 * (mv & 1)
+
+
+def _lora_copy_slot(lane, i, nchunk: int):
+    """(lora_down row kk of the step, 16-byte chunk c) that `lane` copies with the i-th of a step's 2 * nchunk
+    copies, for R / 8 = nchunk a power of two: chunk lane + 32 i of the tile, so a copy's 8 consecutive lanes
+    read one 128-byte line.  kk = the lane's row + the copy's row on disjoint bits (so `_srow` splits)."""
+    return lane // nchunk + i * (32 // nchunk), lane % nchunk
 
 
 def _st_v2_pred(addr, w0, w1, pred):
@@ -596,8 +625,7 @@ class _QuantizeAct:
             c.acc, c.ldb, c.nchunk = acc, lora_down.toint(), R // 8
             c.lora_fast = (R // 8) & (R // 8 - 1) == 0             # R / 8 a power of two (R = 16, 32, 64, 128)
             if cutlass.const_expr(c.lora_fast):
-                kk0 = lane // (R // 8)
-                cc0 = lane % (R // 8)
+                kk0, cc0 = _lora_copy_slot(lane, 0, R // 8)          # the lane's part (copy 0 adds 0)
                 c.lsb = lbuf + _srow(kk0) * P + cc0 * 16
                 c.lgb = c.ldb + Int64(kk0 * R + cc0 * 8) * 2
 
@@ -720,17 +748,18 @@ class _QuantizeAct:
         """cp.async the [64, R] lora_down tile of `step` into tile buffer `buf` (rows in the ldmatrix order).
 
         Lane l copies the 16-byte chunks l + 32 i (row kk = chunk // (R / 8)).  Where R / 8 is a power of
-        two, kk = kk0 + i * 32 / (R / 8) with the lane's kk0 < 32 / (R / 8) on other bits than the i part,
-        and `_srow` moves each bit of kk to a bit of its own, so both addresses are a per-lane base (made
-        once per kernel) plus the step's offset plus a constant per i: no per-step index arithmetic."""
+        two, kk = kk0 + i * 32 / (R / 8) with the lane's kk0 < 32 / (R / 8) on other bits than the i part
+        (`_lora_copy_slot`), and `_srow` moves each bit of kk to a bit of its own, so both addresses are a
+        per-lane base (made once per kernel) plus the step's offset plus a constant per i: no per-step
+        index arithmetic."""
         R, P = self.R, self.P
         nb = c.lbuf + buf * (STEP_K * P)
         if c.lora_fast:
-            stride = 32 // c.nchunk
             sb = c.lsb + buf * (STEP_K * P)
             gb = c.lgb + Int64(step) * (STEP_K * R * 2)
             for i in range((STEP_K * c.nchunk) // 32):
-                _cp_async16(sb + _srow(i * stride) * P, gb + i * stride * R * 2)
+                kk_i, _ = _lora_copy_slot(0, i, c.nchunk)             # the copy's part (lane 0 adds 0)
+                _cp_async16(sb + _srow(kk_i) * P, gb + kk_i * R * 2)
             return
         for i in range((STEP_K * c.nchunk) // 32):
             ch = c.lane + 32 * i
@@ -794,11 +823,11 @@ class _QuantizeAct:
         if smoothing:
             # reciprocals of smooth for the step's 64 k: lane computes k = 2*lane, 2*lane + 1
             s_lo, s_hi = _f32_pair(sm_cur, dt)
-            _sts_v2(rs_s + 8 * lane, _rcp16(s_lo), _rcp16(s_hi))
+            _sts_v2(rs_s + _rs_offset(lane // 8) + 8 * (lane % 8), _rcp16(s_lo), _rcp16(s_hi))
             cute.arch.sync_warp()
             rs = []
             for i in range(4):
-                v4 = _lds_v4f(rs_s + 64 * t + 16 * i)
+                v4 = _lds_v4f(rs_s + _rs_offset(t) + 16 * i)
                 rs.extend(list(v4))
 
         # ---- x̂ as 16-bit pair words; amax per group ------------------------
@@ -829,7 +858,7 @@ class _QuantizeAct:
             # B = x̂ (the lane's own pair words: for block j, words 2j and 2j + 1 of each row).
             for j in range(4):
                 for rt in range(R // 16):
-                    sa = cb + (16 * j + 8 * (mq // 2) + mv) * P + (16 * rt + 8 * (mq % 2)) * 2
+                    sa = cb + (16 * j + 8 * (mq // 2) + _ldsm_row(mv)) * P + (16 * rt + 8 * (mq % 2)) * 2
                     a = _ldsm_x4_t(sa)
                     for q in range(NG):
                         o = (rt * NG + q) * 4

@@ -158,19 +158,52 @@ def test_invalid_knobs_rejected_with_reason(arch, knobs, words):
 
 
 @pytest.mark.parametrize("rank", [16, 32, 48, 64, 96, 128])
-def test_lora_tile_addresses_hoisted_equal_the_per_chunk_ones(rank):
-    """The lora_down tile copy's per-lane base + constant addresses (R / 8 a power of two) are the
-    per-chunk ones: same SMEM slot and same global element for every lane and chunk of a step."""
+def test_lora_tile_copy_plan(rank):
+    """The lora_down tile copy (R / 8 a power of two): every chunk of a step is copied exactly once; the
+    per-lane base + per-copy constant addresses equal the direct ones (same SMEM slot, same global
+    element); and where a 128-byte line spans two or more rows (R >= 32) each copy's 8 consecutive lanes --
+    one line -- hit 8 distinct 16-byte SMEM bank groups."""
     srow = fam._srow
     assert sorted(srow(kk) for kk in range(fam.STEP_K)) == list(range(fam.STEP_K))    # a permutation
     nchunk, pitch = rank // 8, fam._pitch(rank)
     if nchunk & (nchunk - 1):
         pytest.skip(f"R = {rank}: R / 8 is no power of two, the per-chunk form is used")
-    stride = 32 // nchunk
-    for lane in range(32):
-        kk0, cc0 = lane // nchunk, lane % nchunk
-        for i in range(fam.STEP_K * nchunk // 32):
-            ch = lane + 32 * i
-            kk, cc = ch // nchunk, ch % nchunk
-            assert (srow(kk0) + srow(i * stride)) * pitch + cc0 * 16 == srow(kk) * pitch + cc * 16
-            assert (kk0 * rank + cc0 * 8) + i * stride * rank == kk * rank + cc * 8
+    seen = set()
+    for i in range(fam.STEP_K * nchunk // 32):
+        kk_i, _ = fam._lora_copy_slot(0, i, nchunk)
+        for lane in range(32):
+            kk, c = fam._lora_copy_slot(lane, i, nchunk)
+            kk0, c0 = fam._lora_copy_slot(lane, 0, nchunk)
+            assert (kk0 & kk_i) == 0 and kk == kk0 + kk_i and c == c0
+            assert (srow(kk0) + srow(kk_i)) * pitch + c0 * 16 == srow(kk) * pitch + c * 16
+            assert (kk0 * rank + c0 * 8) + kk_i * rank == kk * rank + c * 8
+            seen.add((kk, c))
+        if rank >= 32:
+            for q in range(4):
+                slots = [fam._lora_copy_slot(lane, i, nchunk) for lane in range(8 * q, 8 * q + 8)]
+                assert len({(srow(kk) * pitch + c * 16) // 16 % 8 for kk, c in slots}) == 8, (i, q, slots)
+    assert len(seen) == fam.STEP_K * nchunk
+
+
+@pytest.mark.parametrize("rank", [16, 32, 48, 64, 96, 128])
+def test_ldmatrix_rows_match_the_staging_and_do_not_conflict(rank):
+    """Lane mv of ldmatrix matrix (j, h) points at the staged row of the lora_down row whose x̂ value lane
+    column t = mv // 2 holds as half e = mv % 2 of word 2j + h (real k 16t + 4j + 2h + e), and a matrix's
+    8 rows sit in 8 distinct 16-byte bank groups."""
+    pitch = fam._pitch(rank)
+    for j in range(4):
+        for h in range(2):
+            rows = [16 * j + 8 * h + fam._ldsm_row(mv) for mv in range(8)]
+            assert rows == [fam._srow(16 * (mv >> 1) + 4 * j + 2 * h + (mv & 1)) for mv in range(8)]
+            assert len({r * pitch // 16 % 8 for r in rows}) == 8
+
+
+def test_reciprocal_buffer_reads_and_writes_are_conflict_free():
+    """The smooth reciprocals: the four lane columns' 16-byte reads of one chunk hit 4 distinct bank groups,
+    each half warp's 8-byte writes are one contiguous 128-byte run, and the buffer holds them all."""
+    for i in range(4):
+        assert len({(fam._rs_offset(t) + 16 * i) // 16 % 8 for t in range(4)}) == 4
+    for half in range(2):
+        offs = sorted(fam._rs_offset(lane // 8) + 8 * (lane % 8) for lane in range(16 * half, 16 * half + 16))
+        assert offs == list(range(offs[0], offs[0] + 128, 8))
+    assert fam._rs_offset(3) + 64 <= fam._RS_BYTES
