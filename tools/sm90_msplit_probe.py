@@ -40,9 +40,8 @@ def main(argv=None) -> int:
         shape, _, cuts = case.partition(":")
         m, k, n = (int(x) for x in shape.split("x"))
         p = ref.random_problem(m, n, k, 32, seed=m + k + n, out_dtype="bf16", device="cuda")
-        per_set = m * k // 2 + m * k // 16 + n * k // 2 + n * k // 16 + 2 * 32 * (m + n) + 8 * n + 2 * m * n
-        nsets = bench.n_sets_for(per_set, l2)
-        sets = [p] + [{kk: bench._clone(v) for kk, v in p.items()} for _ in range(nsets - 1)]
+        sets = bench.gemm_input_sets(p, m, k, n, 32, l2)
+        nsets = len(sets)
         ws = [lib.prepare_weight(q["wgt"], q["wscales"], lora_up=q["lora_up"], wcscale=q["wcscale"], bias=q["bias"])
               for q in sets]
         outs = [torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _ in sets]

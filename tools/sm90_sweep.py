@@ -57,9 +57,8 @@ def main(argv=None) -> int:
         for m in ms:
             p = dict(big, act=big["act"][:m].contiguous(), ascales=big["ascales"][:m].contiguous(),
                      lora_act_in=big["lora_act_in"][:m].contiguous() if a.rank else None)
-            per_set = m * k // 2 + m * k // 16 + n * k // 2 + n * k // 16 + 2 * a.rank * (m + n) + 8 * n + 2 * m * n
-            nsets = bench.n_sets_for(per_set, l2)
-            sets = [p] + [{kk: bench._clone(v) for kk, v in p.items()} for _ in range(nsets - 1)]
+            sets = bench.gemm_input_sets(p, m, k, n, a.rank, l2)
+            nsets = len(sets)
             ws = [lib.prepare_weight(q["wgt"], q["wscales"], lora_up=q["lora_up"], wcscale=q["wcscale"],
                                      bias=q["bias"]) for q in sets]
             outs = [torch.empty(m, n, dtype=tdt, device="cuda") for _ in sets]

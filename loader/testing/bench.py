@@ -285,6 +285,13 @@ def _clone(t):
     return None if t is None else t.clone()
 
 
+def gemm_input_sets(p: dict, m: int, k: int, n: int, rank: int, l2: int) -> list[dict]:
+    """`p` (a `reference.random_problem`) and enough copies of it that one pass over them moves more than
+    twice the L2: act, scales, weights, LoRA, affine and the output counted."""
+    per_set = m * k // 2 + m * k // 16 + n * k // 2 + n * k // 16 + 2 * rank * (m + n) + 8 * n + 2 * m * n
+    return [p] + [{key: _clone(v) for key, v in p.items()} for _ in range(n_sets_for(per_set, l2) - 1)]
+
+
 def _free():
     import torch
     gc.collect()
@@ -311,8 +318,7 @@ def gemm_case(lib, m, k, n, rank, dtype, baselines, st, l2) -> dict:
     tdt = _dtype(dtype)
     res = dict(op="gemm_w4a4", m=m, k=k, n=n, rank=rank, dtype=dtype)
     p = ref.random_problem(m, n, k, rank, seed=(m * 7919 + k * 31 + n) % 2**31, out_dtype=dtype, device="cuda")
-    per_set = (m * k // 2 + m * k // 16 + n * k // 2 + n * k // 16 + 2 * rank * (m + n) + 8 * n + 2 * m * n)
-    sets = [p] + [{key: _clone(v) for key, v in p.items()} for _ in range(n_sets_for(per_set, l2) - 1)]
+    sets = gemm_input_sets(p, m, k, n, rank, l2)
     outs = [torch.empty(m, n, dtype=tdt, device="cuda") for _ in sets]
     try:
         ws = [lib.prepare_weight(q["wgt"], q["wscales"], lora_up=q["lora_up"], wcscale=q["wcscale"], bias=q["bias"])
