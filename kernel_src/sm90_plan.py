@@ -58,11 +58,26 @@ def _lora_chunk(rank: int) -> int:
     return 16
 
 
+#: schedule "gemv" (sm90_gemv_kernel): its fixed tile, and the knob values it has (it has no stages, raw sets,
+#: weight sets or act forms: anything else would only duplicate a variant)
+GEMV_TILE = (64, 128)
+GEMV_FIXED = dict(stages=4, prefetch=1, skip_pad=True, act_decode="prmt", wsets=2, act_source="nvfp4")
+#: bytes of the gemv form's SMEM (per-thread weight ring 8 x 24 B, raw activation ring 5 x 20 B, two fp16 phases)
+GEMV_SMEM_BYTES = (8 * 256 * 24 + 5 * 256 * 20 + 2 * 2 * 64 * 128 + 1023) // 1024 * 1024
+
+
+def is_gemv(cfg: _Cfg) -> bool:
+    return cfg.schedule == "gemv"
+
+
 def _smem_plan(cfg: _Cfg) -> dict[str, int]:
     """Bytes of the activation stages and of one LoRA chunk.  coop: the LoRA chunk re-uses the stages' bytes
     (the epilogue runs after every warp is done with them); ws: the producer is already filling the stages for
     the next tile while the consumers run the epilogue, so the LoRA chunk has its own bytes after the stages,
     and the ring's 2 x stages mbarriers (8 bytes each) come last."""
+    if is_gemv(cfg):
+        return dict(main_bytes=GEMV_SMEM_BYTES, lora_bytes=0, total_bytes=GEMV_SMEM_BYTES, lu_offset=0, la_offset=0,
+                    bar_offset=-1)
     main = cfg.stages * cfg.tile_m * TILE_K * 2
     lora = (cfg.tile_n + cfg.tile_m) * _lora_chunk(cfg.rank) * 2 if cfg.rank else 0
     la_in_chunk = cfg.tile_n * _lora_chunk(cfg.rank) * 2 if cfg.rank else 0
@@ -78,7 +93,20 @@ def _smem_plan(cfg: _Cfg) -> dict[str, int]:
                 bar_offset=-1)
 
 
+def _gemv_problem(cfg: _Cfg) -> Optional[str]:
+    if (cfg.tile_m, cfg.tile_n) != GEMV_TILE:
+        return (f"schedule gemv with tile {cfg.tile_m}x{cfg.tile_n}: its tile is {GEMV_TILE[0]}x{GEMV_TILE[1]} "
+                f"(8 warps of 16 weight rows; the n8 blocks of rows >= M are skipped, so one tile serves every M)")
+    for key, want in GEMV_FIXED.items():
+        if getattr(cfg, key) != want:
+            return (f"schedule gemv with {key} {getattr(cfg, key)!r}: the gemv form has no {key} knob (it runs as "
+                    f"{key} {want!r}; another value would only build the same kernel twice)")
+    return None
+
+
 def _problem(cfg: _Cfg) -> Optional[str]:
+    if is_gemv(cfg):
+        return _gemv_problem(cfg)
     atoms = cfg.tile_n // 128
     acc = atoms * cfg.tile_m // 2
     if cfg.wsets != 2 and not is_ws(cfg):
@@ -150,7 +178,9 @@ def split_k_share(rank, num_kt, ksplit: int):
 
 #: schedule -> (warp-specialised, CTAs of a cluster that split one tile's K).  ws_splitk<S>: one tile per cluster
 #: of S CTAs, each over K / S; ranks 1.. hand their partial sums to rank 0 through distributed SMEM
-SCHEDULES = {"coop": (False, 1), "ws": (True, 1), "ws_splitk2": (True, 2), "ws_splitk4": (True, 4)}
+#: "gemv": the small-M form (sm90_gemv_kernel: mma.sync, no producer; its K split is chosen at launch)
+SCHEDULES = {"coop": (False, 1), "ws": (True, 1), "ws_splitk2": (True, 2), "ws_splitk4": (True, 4),
+             "gemv": (False, 1)}
 
 
 def is_ws(cfg: _Cfg) -> bool:

@@ -2,7 +2,8 @@
 
 The kernel itself is ``sm90_wgmma_kernel`` (its docstring has the design: Yᵀ = W·Aᵀ on wgmma, the weight as
 the register-sourced operand, exact activation decode into swizzled SMEM, the coop and ws schedules); the
-budgets every rejection quotes are in ``sm90_plan``; the inline PTX decodes in ``sm90_decode_ptx``.
+budgets every rejection quotes are in ``sm90_plan``; the inline PTX decodes in ``sm90_decode_ptx``; the small-M form
+(schedule ``gemv``, mma.sync) is its own kernel, ``sm90_gemv_kernel``.
 CuTe-DSL at build time only.
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ from cutlass import Float32, Uint8
 
 from .compiled_output import compile_kernel, cubin_resource_usage, refuse_invalid
 from .sm90_plan import (DEFAULT_STAGES, DEFAULT_TILE, SMEM_LIMIT_BYTES, TILE_K, _cfg_of, _problem, _smem_plan,
-                        k_unroll, ksplit_of, threads_of)
+                        is_gemv, k_unroll, ksplit_of, threads_of)
 from .sm90_wgmma_kernel import _OUT_DTYPES, _Sm90Wgmma
 
 __all__ = [
@@ -28,7 +29,7 @@ ARCHS = ("sm_90a",)
 NAME = "sm90_wgmma_w4a4"
 
 TUNING: dict[str, tuple] = dict(
-    # activation rows per tile (the wgmma N extent); 64 only with a warp-specialised schedule (for M <= 64:
+    # activation rows per tile (the wgmma N extent); 64 only with a warp-specialised schedule or gemv (for M <= 64:
     # half the MMA work of the 128-row tile where most rows are padding)
     tile_m=(64, 128, 256),
     # weight rows per tile: two MMA warpgroups of tile_n/128 64-row wgmma atoms each.  256 only with
@@ -52,7 +53,9 @@ TUNING: dict[str, tuple] = dict(
     # "ws_splitk2" / "ws_splitk4": ws with one tile per cluster of 2 / 4 CTAs that split K, the partial sums
     # added through distributed SMEM (for small M, where N / 128 tiles leave most SMs idle; up to 2.9x faster
     # there on the H200, docs/PERF.md session 5)
-    schedule=("coop", "ws", "ws_splitk2", "ws_splitk4"),
+    # "gemv": the small-M form (its own kernel, sm90_gemv_kernel): mma.sync warps that stream their weight through
+    # a per-thread cp.async ring, with no producer / consumer handshake; K split over a cluster sized at launch
+    schedule=("coop", "ws", "ws_splitk2", "ws_splitk4", "gemv"),
     # ws*: raw weight register sets of the MMA warps, each loaded that many k-tiles before it is decoded (2:
     # the measured default; 4: 12 more registers, for small M, where a CTA's k-tile is shorter than the
     # weight load's latency over two k-tiles)
@@ -127,7 +130,7 @@ def config_axes(arch: str, section: dict) -> tuple[list[dict], list[str]]:
     """``variants.sm_90a.gemm_w4a4`` -> tuning-knob dicts; keys ``tiles`` ([[tile_m, tile_n, tile_k], ...]),
     ``stages`` ([auto | 3 | 4, ...]; auto = the deepest that fits), ``prefetch`` ([1 | 2, ...]; default [1])
     ``skip_pad`` ([false | true]; default [true]), ``act_decode`` ([shift | prmt]; default [prmt]) and
-    ``schedule`` ([coop | ws | ws_splitk2 | ws_splitk4]; default [coop]) and ``wsets`` ([2 | 4]; default [2]):
+    ``schedule`` ([coop | ws | ws_splitk2 | ws_splitk4 | gemv]; default [coop]) and ``wsets`` ([2 | 4]; default [2]):
     every combination of the listed values.
 
     Or ``forms``: a list of such sections (a key a form leaves out takes its default), built as the union of
@@ -224,18 +227,24 @@ def requirements(arch: str, knobs: dict) -> dict:
     """N: whole weight tiles; K: the k loop is unrolled by two (ws with 4 weight sets: by four), and split K
     gives each CTA whole unrolled steps."""
     cfg = _cfg_of(knobs)
+    if is_gemv(cfg):
+        return {"n_multiple": int(knobs["tile_n"]), "k_multiple": 2 * TILE_K}     # whole 128-k phases
     return {"n_multiple": int(knobs["tile_n"]), "k_multiple": k_unroll(cfg) * TILE_K * ksplit_of(cfg)}
 
 
 def compile(arch: str, knobs: dict, name: str, dump_dir: str, *, keep_ptx: bool = False):
     refuse_invalid(name, invalid_reason(arch, knobs))
     cfg = _cfg_of(knobs)
-    gemm = _Sm90Wgmma(cfg)
+    cls = _Sm90Wgmma
+    if is_gemv(cfg):
+        from .sm90_gemv_kernel import _Sm90Gemv as cls
+    gemm = cls(cfg)
     from svdq_loader.ops import GEMM_W4A4
-    ck = compile_kernel(_Sm90Wgmma, gemm, GEMM_W4A4, dict(act=Uint8, ascales=Uint8, wgt=Uint8, wscales=Uint8,
+    ck = compile_kernel(cls, gemm, GEMM_W4A4, dict(act=Uint8, ascales=Uint8, wgt=Uint8, wscales=Uint8,
                                                           wcscale=Float32, bias=Float32),
                         _OUT_DTYPES[cfg.out_dtype], name, arch, dump_dir, gemm.smem_bytes, keep_ptx=True)
-    problem = static_problem(_read_ptx(dump_dir, ck.entry, arch, keep_ptx), ck.resource_usage)
+    problem = static_problem(_read_ptx(dump_dir, ck.entry, arch, keep_ptx), ck.resource_usage,
+                             "mma.sync.aligned.m16n8k16" if is_gemv(cfg) else "wgmma.mma_async")
     if problem:
         raise RuntimeError(f"{name}: {problem}")
     return ck
@@ -251,13 +260,14 @@ def _read_ptx(dump_dir: str, entry: str, arch: str, keep: bool) -> str:
     return text
 
 
-def static_problem(ptx: str, usage: dict) -> Optional[str]:
+def static_problem(ptx: str, usage: dict, mma: str = "wgmma.mma_async") -> Optional[str]:
     """The build-time checks every variant must pass: None, or what is wrong.
 
-    The main loop must be on the Hopper tensor-core path (``wgmma.mma_async`` with a register A operand,
-    which ptxas turns into HGMMA), and no kernel may have a stack frame (spilled registers)."""
-    if "wgmma.mma_async" not in ptx:
-        return "no wgmma.mma_async in the PTX (not on the Hopper tensor-core path)"
+    The main loop must be on the tensor cores: ``wgmma.mma_async`` with a register A operand (HGMMA) for the
+    wgmma forms, ``mma.sync`` (HMMA) for the gemv form, whose bound is the weight stream, not the MMA rate; and
+    no kernel may have a stack frame (spilled registers)."""
+    if mma not in ptx:
+        return f"no {mma} in the PTX (not on the tensor-core path this form is built for)"
     for sym, u in usage.items():
         if u["stack_frame_bytes"]:
             return (f"kernel {sym} spills: {u['stack_frame_bytes']}-byte stack frame at {u['registers']} "

@@ -342,7 +342,7 @@ def test_compile_produces_a_clean_sm90a_cubin(knobs, tmp_path):
 
 def test_build_refuses_a_variant_that_fails_the_static_checks(monkeypatch, tmp_path):
     from svdq_kernels import sm90_wgmma_w4a4 as fam
-    monkeypatch.setattr(fam, "static_problem", lambda ptx, usage: "planted problem")
+    monkeypatch.setattr(fam, "static_problem", lambda ptx, usage, *mma: "planted problem")
     with pytest.raises(RuntimeError, match="planted problem"):
         compile_knobs(make_knobs(rank=0), tmp_path)
 

@@ -223,3 +223,18 @@ def test_fill_round_trips_and_refuses_malformed_specs():
         r"factor.values\[0\]")
     bad({"tile": ["tile_m", "tile_n", "nope"]}, r"'nope': not a knob of this family")
     bad({"tile": ["tile_m", "tile_n", "tile_k"], "extra": 1}, r"expected \{tile:")
+
+
+def test_sm90_rule_ranks_the_gemv_form_last_beside_the_shipped_forms(sm90_rules):
+    """The small-M gemv form (docs/PERF.md, session 9) is not in configs/flux.yaml: the rule has no estimate of
+    its launch-time split, counts it as an unsplit 64-row tile and ranks it after every listed schedule, so a
+    build that has the shipped forms keeps them; a build of gemv alone gets it."""
+    gemv = _variant("gemv", 64, 1, 2, name="gemv")
+    gemv.requirements = dict(n_multiple=128, k_multiple=128)
+    shipped = [_variant(*f) for f in FORMS]
+    for m in (1, 16, 64, 256):
+        for n, k in ((3072, 3072), (3072, 12288), (12288, 3072), (3072, 15360)):
+            got = select.choose(shipped + [gemv], _problem(m, n, k), sm90_rules, sm_count=132)
+            assert got.name != "gemv" and got.name == select.choose(shipped, _problem(m, n, k), sm90_rules,
+                                                                   sm_count=132).name
+            assert select.choose([gemv], _problem(m, n, k), sm90_rules, sm_count=132).name == "gemv"

@@ -1,0 +1,354 @@
+"""The small-M form of the sm_90a W4A4 GEMM (``schedule: gemv``) -- CuTe-DSL, build time only.
+
+At M <= 64 the GEMM is a stream over the weight: 4-bit weights are a quarter of cuBLAS bf16's bytes, and the time
+is set by how many weight bytes are in flight, not by the tensor cores.  The warp-specialised wgmma forms chain
+an mbarrier handshake, a wgmma and a weight decode per k-tile on three warps per scheduler (about 0.42 us per
+k-tile per CTA on the H200, docs/PERF.md session 5); this form has no producer, no consumer and no per-k-tile
+handshake:
+
+* **Tile.** One CTA = 8 warps = 128 weight rows (two 64-row blocks of the sm90 fragment format; warp w takes the
+  16-row slice ``w % 4`` of block ``w // 4``) x 64 activation rows.  ``mma.sync m16n8k16`` (fp16 in, fp32
+  accumulators): A = the warp's 16 weight rows -- the fragment format's 16-byte word per thread per 64 k *is*
+  four mma A fragments --, B = 8 activation rows per n8 block, C = Yᵀ.  n8 blocks of rows >= m are skipped
+  (a warp-uniform branch), so one variant serves every M <= 64 at the MMA cost of its rows.
+* **Weights through a per-thread cp.async ring**, ``RING`` k-tiles deep (each thread copies its own 16-byte word
+  and 8 scale bytes and reads them back itself: no barrier, no mbarrier).  A CTA keeps RING - 1 k-tiles of its
+  weight in flight.
+* **Activations.** The CTA's K range is walked in phases of 128 k.  Each thread copies (cp.async, in the same
+  groups as the weights, (RING + 1) / 2 phases ahead) and later decodes one 32-k chunk of one row -- its own bytes
+  again -- into a double-buffered, XOR-swizzled fp16 tile that the warps read with ``ldmatrix``.  One CTA barrier
+  per phase; the weight copies keep flowing across it.  Decode and scale bookkeeping are the wgmma form's
+  (``e2m1 · 2^-14`` times ``scale · 2^7`` on both operands, exact in fp16; the epilogue multiplies by 2^14).
+* **Split K over a cluster** of S CTAs, S chosen by the host code at launch: the largest power of two up to 8
+  that is at most ``2·sm_count // tiles`` (two CTAs fit an SM) and ``k // 128`` (``split_of``).  CTA rank r takes
+  phases ``[r·P // S, (r+1)·P // S)`` of the P = k // 128.
+  Warp w of rank ``w % S`` owns its 16 x 64 slice of the tile: the other ranks leave their partial sums in their
+  own SMEM, a cluster barrier publishes them, the owner adds them in rank order (``mapa`` +
+  ``ld.shared::cluster``), a second barrier keeps them alive until read, and the owner alone runs the epilogue.
+* **Epilogue** (owner warps): ``acc · 2^14 · wcscale[n]``, then LoRA as more ``mma.sync`` (A = ``lora_up`` rows,
+  B = ``lora_act_in`` rows, both loaded straight from global in the output dtype), then ``+ bias[n]``, and a
+  predicated store of rows < m.
+
+Launch ABI: the wgmma form's (host args: 9 pointers, m, n, k, sm_count, stream; kernel params: 9 pointers, m, n,
+k); block (256, 1, 1), cluster (S, 1, 1), grid = tiles x S.  Preconditions (the loader's shape rule): n % 128 == 0,
+k % 128 == 0, 16-byte aligned contiguous tensors, weights in the sm90 fragment format.
+"""
+import cuda.bindings.driver as cuda
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+
+from .quantize_act import (_asm, _cp_async4 as _cp4, _cp_async16_cg as _cp16, _cp_commit, _cp_wait, _lds_u32, _lds_v4,
+                           _mma)
+from .sm90_plan import GEMV_SMEM_BYTES, GEMV_TILE
+from .sm90_decode_ptx import (_adecode_prmt, _bcast, _byte_form, _ld_cluster_v4f, _scales_x128, _sts_v4f,
+                              _wdecode)
+
+TILE_M = 64            # activation rows per CTA (8 n8 blocks)
+TILE_N = 128           # weight rows per CTA (8 warps x 16)
+THREADS = 256
+PHASE_K = 128          # k per activation phase (two 64-k k-tiles)
+RING = 8               # weight ring depth (k-tiles); RING - 1 in flight
+RAW_SLOTS = RING // 2 + 1
+MAX_SPLIT = 8          # portable cluster size
+
+_W_SLOT = THREADS * 16
+_S_SLOT = THREADS * 8
+_R_SLOT = THREADS * 16 + THREADS * 4
+_A_BUF = 2 * TILE_M * 128          # one phase of decoded activations: 2 k-tiles x 64 rows x 128 bytes
+W_RING_AT = 0
+S_RING_AT = W_RING_AT + RING * _W_SLOT
+R_RING_AT = S_RING_AT + RING * _S_SLOT
+A_BUF_AT = R_RING_AT + RAW_SLOTS * _R_SLOT
+SMEM_BYTES = (A_BUF_AT + 2 * _A_BUF + 1023) // 1024 * 1024
+assert SMEM_BYTES == GEMV_SMEM_BYTES and (TILE_M, TILE_N) == GEMV_TILE     # the plan quotes these numbers
+_ACC_UNSCALE = float(2 ** 14)
+
+
+def split_of(tiles: int, sm_count: int, phases: int) -> int:
+    """The host code's split (plain integers; tests/test_sm90_gemv.py checks it against the host program's): the
+    largest power of two up to 8 that keeps the grid within two CTAs per SM and gives every rank a phase."""
+    x = min(max(1, (2 * sm_count) // tiles), phases)
+    return 8 if x >= 8 else 4 if x >= 4 else 2 if x >= 2 else 1
+
+
+def phase_share(rank: int, phases: int, split: int) -> tuple[int, int]:
+    """(first phase, phases) of cluster rank `rank`: an even split, the larger shares last."""
+    lo = rank * phases // split
+    return lo, (rank + 1) * phases // split - lo
+
+
+def raw_phase_of_group(j):
+    """The activation phase whose raw bytes ride in cp.async group j (even j; phase 0 also rides in group 0): phase
+    q >= 1 in group 2q - 2, so it lands (RING + 1) / 2 phases before its decode.  Plain operators: the kernel calls
+    it on Python and DSL integers, tests/test_sm90_gemv.py replays the whole schedule with it."""
+    return j // 2 + 1
+
+
+def swizzled_chunk(row, chunk):
+    """The 16-byte slot of (row, 16-byte chunk) in a 128-byte row of the decoded tile (conflict-free ldmatrix)."""
+    return chunk ^ (row % 8)
+
+
+def _cp8(saddr, gaddr):
+    _asm("cp.async.ca.shared.global [$0], [$1], 8;", (), [saddr, gaddr], "r,l")
+
+
+def _lds_v2(saddr):
+    return _asm("ld.shared.v2.u32 {$0, $1}, [$2];", (Int32,) * 2, [saddr], "=r,=r,r", True)
+
+
+def _sts_v4(saddr, a, b, c, d):
+    _asm("st.shared.v4.b32 [$0], {$1, $2, $3, $4};", (), [saddr, a, b, c, d], "r,r,r,r,r")
+
+
+def _ldsm_x4(saddr):
+    return _asm("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0, $1, $2, $3}, [$4];",
+                (Int32,) * 4, [saddr], "=r,=r,=r,=r,r", True)
+
+
+def _ldg_u32(gaddr):
+    return _asm("ld.global.nc.u32 $0, [$1];", (Int32,), [gaddr], "=r,l", True)
+
+
+def _ldg_f32(gaddr):
+    return _asm("ld.global.nc.f32 $0, [$1];", (Float32,), [gaddr], "=f,l", True)
+
+
+def _st_u16_pred(gaddr, v, pred):
+    _asm("{\n.reg .pred p;\n.reg .b16 h;\nsetp.ne.u32 p, $2, 0;\ncvt.u16.u32 h, $1;\n@p st.global.u16 [$0], h;\n}",
+         (), [gaddr, v, pred], "l,r,r")
+
+
+def _pack1(x, dtype: str):
+    """One fp32 -> its 16-bit pattern (RNE) in the low half of an Int32."""
+    op = "cvt.rn.bf16.f32" if dtype == "bf16" else "cvt.rn.f16.f32"
+    return _asm("{\n.reg .b16 h;\n" + op + " h, $1;\ncvt.u32.u16 $0, h;\n}", (Int32,), [x], "=r,f")
+
+
+class _Sm90Gemv:
+    KERNEL_METHODS = ("kernel",)
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.rank = cfg.rank
+        self.dt = cfg.out_dtype
+        self.smem_bytes = SMEM_BYTES
+
+    @cute.jit
+    def __call__(self, act: cute.Pointer, ascales: cute.Pointer, wgt: cute.Pointer, wscales: cute.Pointer,
+                 lora_act_in: cute.Pointer, lora_up: cute.Pointer, wcscale: cute.Pointer, bias: cute.Pointer,
+                 out: cute.Pointer, m: cutlass.Int32, n: cutlass.Int32, k: cutlass.Int32,
+                 sm_count: cutlass.Int32, stream: cuda.CUstream):
+        tiles = ((m + (TILE_M - 1)) // TILE_M) * (n // TILE_N)
+        x = cutlass.min(cutlass.max(1, (2 * sm_count) // tiles), k // PHASE_K)
+        split = cutlass.select_(x >= 8, 8, cutlass.select_(x >= 4, 4, cutlass.select_(x >= 2, 2, 1)))
+        self.kernel(act, ascales, wgt, wscales, lora_act_in, lora_up, wcscale, bias, out, m, n, k).launch(
+            grid=[tiles * split, 1, 1], block=[THREADS, 1, 1], cluster=[split, 1, 1], smem=self.smem_bytes,
+            stream=stream)
+
+    @cute.kernel
+    def kernel(self, p_act: cute.Pointer, p_asc: cute.Pointer, p_wgt: cute.Pointer, p_wsc: cute.Pointer,
+               p_la: cute.Pointer, p_lu: cute.Pointer, p_wc: cute.Pointer, p_bias: cute.Pointer,
+               p_out: cute.Pointer, m: cutlass.Int32, n: cutlass.Int32, k: cutlass.Int32):
+        tid, _, _ = cute.arch.thread_idx()
+        bid, _, _ = cute.arch.block_idx()
+        warp = cute.arch.make_warp_uniform(tid // 32)
+        lane = tid % 32
+        g = lane // 4
+        c4 = lane % 4
+        S = cute.arch.make_warp_uniform(cute.arch.cluster_size())
+        rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        tile = bid // S
+        tiles_n = n // TILE_N
+        tm_i = tile // tiles_n
+        m0 = tm_i * TILE_M
+        n0 = (tile - tm_i * tiles_n) * TILE_N
+        mrem = m - m0                                  # rows of this tile that exist (>= 1)
+        ph0, nph = phase_share(rank, k // PHASE_K, S)
+        nk = 2 * nph                                   # this CTA's k-tiles
+        KT = k // 64
+
+        smem = cutlass.memory.SmemAllocator()
+        base = smem.allocate(self.smem_bytes, byte_alignment=1024)
+        sb = base.toint()
+        wring = sb + W_RING_AT + tid * 16
+        sring = sb + S_RING_AT + tid * 8
+        rring = sb + R_RING_AT + tid * 16
+        rsring = sb + R_RING_AT + THREADS * 16 + tid * 4
+        abuf = sb + A_BUF_AT
+
+        # ---- this thread's weight word and scale bytes (sm90 fragment format) --------------------------
+        nb = n0 // 64 + tid // 128
+        t128 = tid % 128
+        wsrc = p_wgt.toint() + (Int64(nb) * KT * 128 + t128) * 16          # + kt * 2048
+        ssrc = p_wsc.toint() + (Int64(nb) * KT * 32 + t128 // 4) * 8       # + kt * 256
+        kt_abs0 = 2 * ph0
+
+        # ---- this thread's activation chunk: row tid // 4, 32 k at 32 * (tid % 4) of each phase -----------
+        arow = tid // 4
+        akc = tid % 4
+        arow_ok = Int32(arow < mrem)
+        arow_c = cutlass.min(m0 + arow, m - 1)
+        asrc = p_act.toint() + Int64(arow_c) * (k // 2) + 16 * akc           # + phase * 64
+        scsrc = p_asc.toint() + Int64(arow_c) * (k // 16) + 4 * (akc // 2)   # + phase * 8
+
+        c = self._Ctx()
+        for name in ("nk", "nph", "ph0", "kt_abs0", "wring", "sring", "rring", "rsring", "abuf", "wsrc", "ssrc",
+                     "asrc", "scsrc", "arow", "akc"):
+            setattr(c, name, locals()[name])
+
+        # ---- prologue: groups 0 .. RING-2 carry weight k-tiles 0 .. RING-2; raw phase q >= 1 rides in the
+        # group of k-tile 2q - 2, phase 0 in group 0 ------------------------------------------------------
+        for j in cutlass.range_constexpr(RING - 1):
+            if j < nk:
+                self._copy_w(c, j)
+            if arow_ok != 0:
+                if cutlass.const_expr(j == 0):
+                    self._copy_raw(c, 0)
+                if cutlass.const_expr(j % 2 == 0):
+                    if raw_phase_of_group(j) < nph:
+                        self._copy_raw(c, raw_phase_of_group(j))
+            _cp_commit()
+        _cp_wait(RING - 2)
+        if arow_ok != 0:
+            self._decode_raw(c, 0)
+        cute.arch.sync_threads()
+
+        acc = cute.make_rmem_tensor((32,), Float32)
+        acc.fill(0.0)
+        afr = cute.make_rmem_tensor((16,), Int32)
+        # ldmatrix: lane L points at row 8 * (L // 16) + L % 8 of the pair of n8 blocks, k half (L // 8) % 2
+        lrow = 8 * (lane // 16) + lane % 8
+        lkh = (lane // 8) % 2
+        for ph in cutlass.range(0, nph, 1, unroll=1):
+            for h in cutlass.range_constexpr(2):
+                kt = 2 * ph + h
+                _cp_wait(RING - 2)
+                slot = kt % RING
+                wv = _lds_v4(wring + slot * _W_SLOT)
+                sv = _lds_v2(sring + slot * _S_SLOT)
+                j = kt + RING - 1
+                if j < nk:
+                    self._copy_w(c, j)
+                if cutlass.const_expr((h + RING - 1) % 2 == 0):
+                    if arow_ok != 0:
+                        if raw_phase_of_group(j) < nph:
+                            self._copy_raw(c, raw_phase_of_group(j))
+                _cp_commit()
+                for kb in cutlass.range_constexpr(4):
+                    pair = (sv[kb // 2] >> (16 * (kb % 2))) & 0xFFFF
+                    s2 = _scales_x128(pair)
+                    sbc = (_bcast(s2, 0), _bcast(s2, 1))
+                    for p in cutlass.range_constexpr(4):
+                        afr[4 * kb + p] = _wdecode(wv[kb], sbc[p % 2], p)
+                tbase = abuf + (ph % 2) * _A_BUF + h * (TILE_M * 128)
+                for bp in cutlass.range_constexpr(4):
+                    if 16 * bp < mrem:
+                        r = 16 * bp + lrow
+                        for kb in cutlass.range_constexpr(4):
+                            bf = _ldsm_x4(tbase + r * 128 + swizzled_chunk(r, 2 * kb + lkh) * 16)
+                            a = [afr[4 * kb + i] for i in range(4)]
+                            for e in cutlass.range_constexpr(2):
+                                o = 4 * (2 * bp + e)
+                                cur = [acc[o + i] for i in range(4)]
+                                res = _mma("fp16", cur, a, [bf[2 * e], bf[2 * e + 1]])
+                                for i in cutlass.range_constexpr(4):
+                                    acc[o + i] = res[i]
+            if ph + 1 < nph:
+                if arow_ok != 0:
+                    self._decode_raw(c, ph + 1)
+            cute.arch.sync_threads()
+        _cp_wait(0)
+
+        # ---- split K: owner warps (w % S == rank) add the other ranks' partial sums ----------------------
+        red = abuf + warp * (32 * 128) + lane * 16            # 32 KB: this thread's 32 floats, 8 x 16 bytes
+        owner = Int32((warp % S) == rank)
+        if S > 1:
+            if owner == 0:
+                for i in cutlass.range_constexpr(8):
+                    _sts_v4f(red + i * 512, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3])
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
+            if owner != 0:
+                for r in cutlass.range(0, S, 1, unroll=1):
+                    if r != rank:
+                        for i in cutlass.range_constexpr(8):
+                            v = _ld_cluster_v4f(red + i * 512, r)
+                            for e in cutlass.range_constexpr(4):
+                                acc[4 * i + e] = acc[4 * i + e] + v[e]
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
+        if owner != 0:
+            self._epilogue(p_la, p_lu, p_wc, p_bias, p_out, m, n, m0, n0 + (warp // 4) * 64 + (warp % 4) * 16,
+                           g, c4, mrem, acc)
+
+    class _Ctx:
+        """Trace-time bag of the kernel's per-thread addresses (the helpers below stay out of the AST rewrite)."""
+
+    def _copy_w(self, c, j):
+        """cp.async this thread's weight word and scale bytes of local k-tile j into ring slot j % RING."""
+        slot = j % RING
+        kt = Int64(c.kt_abs0 + j)
+        _cp16(c.wring + slot * _W_SLOT, c.wsrc + kt * 2048)
+        _cp8(c.sring + slot * _S_SLOT, c.ssrc + kt * 256)
+
+    def _copy_raw(self, c, q):
+        """cp.async this thread's 16 raw activation bytes and 4 scale bytes of local phase q (slot q % RAW_SLOTS)."""
+        slot = q % RAW_SLOTS
+        ph = Int64(c.ph0 + q)
+        _cp16(c.rring + slot * _R_SLOT, c.asrc + ph * 64)
+        _cp4(c.rsring + slot * _R_SLOT, c.scsrc + ph * 8)
+
+    def _decode_raw(self, c, q):
+        """Phase q's chunk of this thread (its own copy) -> the fp16 tile buffer q % 2 (swizzled rows)."""
+        slot = q % RAW_SLOTS
+        raw = _lds_v4(c.rring + slot * _R_SLOT)
+        s4 = _lds_u32(c.rsring + slot * _R_SLOT)
+        s2 = _scales_x128((s4 >> (16 * (c.akc % 2))) & 0xFFFF)
+        sc = (_bcast(s2, 0), _bcast(s2, 1))
+        dst0 = c.abuf + (q % 2) * _A_BUF + (c.akc // 2) * (TILE_M * 128) + c.arow * 128
+        for w in range(4):
+            lo, hi = _byte_form(raw[w], 0), _byte_form(raw[w], 1)
+            d = [_adecode_prmt(lo, hi, sc[w // 2], b) for b in range(4)]
+            chunk = (c.akc % 2) * 4 + w
+            _sts_v4(dst0 + swizzled_chunk(c.arow, chunk) * 16, d[0], d[1], d[2], d[3])
+
+    def _epilogue(self, p_la, p_lu, p_wc, p_bias, p_out, m, n, m0, r0, g, c4, mrem, acc):
+        """acc[n, m] (rows r0 + g, r0 + g + 8) -> ·2^14·wcscale, + LoRA, + bias, stored where m < M."""
+        rows = (r0 + g, r0 + g + 8)
+        coef = []
+        for h in range(2):
+            if cutlass.const_expr(self.cfg.wcscale):
+                coef.append(_ldg_f32(p_wc.toint() + Int64(rows[h]) * 4) * Float32(_ACC_UNSCALE))
+            else:
+                coef.append(Float32(_ACC_UNSCALE))
+        for i in range(32):
+            acc[i] = acc[i] * coef[(i // 2) % 2]
+        R = self.rank
+        if cutlass.const_expr(R > 0):
+            lub = p_lu.toint()
+            lab = p_la.toint()
+            for rs in range(R // 16):
+                rk = 16 * rs + 2 * c4
+                a = [_ldg_u32(lub + (Int64(rows[0]) * R + rk) * 2), _ldg_u32(lub + (Int64(rows[1]) * R + rk) * 2),
+                     _ldg_u32(lub + (Int64(rows[0]) * R + rk + 8) * 2),
+                     _ldg_u32(lub + (Int64(rows[1]) * R + rk + 8) * 2)]
+                for b in range(8):
+                    mr = cutlass.min(m0 + 8 * b + g, m - 1)
+                    bb = [_ldg_u32(lab + (Int64(mr) * R + rk) * 2), _ldg_u32(lab + (Int64(mr) * R + rk + 8) * 2)]
+                    res = _mma(self.dt, [acc[4 * b + i] for i in range(4)], a, bb)
+                    for i in range(4):
+                        acc[4 * b + i] = res[i]
+        if cutlass.const_expr(self.cfg.bias):
+            bv = [_ldg_f32(p_bias.toint() + Int64(rows[h]) * 4) for h in range(2)]
+            for i in range(32):
+                acc[i] = acc[i] + bv[(i // 2) % 2]
+        ob = p_out.toint()
+        for b in range(8):
+            for i in range(4):
+                col = 8 * b + 2 * c4 + i % 2            # activation row within the tile
+                ok = Int32(col < mrem)
+                mm = cutlass.min(m0 + col, m - 1)
+                _st_u16_pred(ob + (Int64(mm) * n + rows[i // 2]) * 2, _pack1(acc[4 * b + i], self.dt), ok)
