@@ -6,8 +6,9 @@ an mbarrier handshake, a wgmma and a weight decode per k-tile on three warps per
 k-tile per CTA on the H200, docs/PERF.md session 5); this form has no producer, no consumer and no per-k-tile
 handshake:
 
-* **Tile.** One CTA = 8 warps = 128 weight rows (two 64-row blocks of the sm90 fragment format; warp w takes the
-  16-row slice ``w % 4`` of block ``w // 4``) x 64 activation rows.  ``mma.sync m16n8k16`` (fp16 in, fp32
+* **Tile.** One CTA = tile_n / 16 warps = tile_n weight rows (tile_n 128: two 64-row blocks of the sm90 fragment
+  format, 8 warps; 64: one block, 4 warps; warp w takes the 16-row slice ``w % 4`` of block ``w // 4``) x 64
+  activation rows.  ``mma.sync m16n8k16`` (fp16 in, fp32
   accumulators): A = the warp's 16 weight rows -- the fragment format's 16-byte word per thread per 64 k *is*
   four mma A fragments --, B = 8 activation rows per n8 block, C = Yᵀ.  n8 blocks of rows >= m are skipped
   (a warp-uniform branch), so one variant serves every M <= 64 at the MMA cost of its rows.
@@ -15,12 +16,13 @@ handshake:
   and 8 scale bytes and reads them back itself: no barrier, no mbarrier).  A CTA keeps RING - 1 k-tiles of its
   weight in flight.
 * **Activations.** The CTA's K range is walked in phases of 128 k.  Each thread copies (cp.async, in the same
-  groups as the weights, (RING + 1) / 2 phases ahead) and later decodes one 32-k chunk of one row -- its own bytes
-  again -- into a double-buffered, XOR-swizzled fp16 tile that the warps read with ``ldmatrix``.  One CTA barrier
+  groups as the weights, (RING + 1) / 2 phases ahead) and later decodes one or two 32-k chunks of one row (256
+  tasks per phase) -- its own bytes again -- into a double-buffered, XOR-swizzled fp16 tile that the warps read with ``ldmatrix``.  One CTA barrier
   per phase; the weight copies keep flowing across it.  Decode and scale bookkeeping are the wgmma form's
   (``e2m1 · 2^-14`` times ``scale · 2^7`` on both operands, exact in fp16; the epilogue multiplies by 2^14).
 * **Split K over a cluster** of S CTAs, S chosen by the host code at launch: the largest power of two up to 8
-  that is at most ``2·sm_count // tiles`` (two CTAs fit an SM) and ``k // 128`` (``split_of``).  CTA rank r takes
+  that is at most ``ctas_per_sm·sm_count // tiles`` (``sm90_plan.GEMV_LAYOUTS``: 2 CTAs of tile_n 128 or 3 of
+  tile_n 64 fit an SM) and ``k // 128`` (``split_of``).  CTA rank r takes
   phases ``[r·P // S, (r+1)·P // S)`` of the P = k // 128.
   Warp w of rank ``w % S`` owns its 16 x 64 slice of the tile: the other ranks leave their partial sums in their
   own SMEM, a cluster barrier publishes them, the owner adds them in rank order (``mapa`` +
@@ -30,7 +32,7 @@ handshake:
   predicated store of rows < m.
 
 Launch ABI: the wgmma form's (host args: 9 pointers, m, n, k, sm_count, stream; kernel params: 9 pointers, m, n,
-k); block (256, 1, 1), cluster (S, 1, 1), grid = tiles x S.  Preconditions (the loader's shape rule): n % 128 == 0,
+k); block (2·tile_n, 1, 1), cluster (S, 1, 1), grid = tiles x S.  Preconditions (the loader's shape rule): n % tile_n == 0,
 k % 128 == 0, 16-byte aligned contiguous tensors, weights in the sm90 fragment format.
 """
 import cuda.bindings.driver as cuda
@@ -41,35 +43,24 @@ from cutlass import Float32, Int32, Int64
 
 from .quantize_act import (_asm, _cp_async4 as _cp4, _cp_async16_cg as _cp16, _cp_commit, _cp_wait, _lds_u32, _lds_v4,
                            _mma)
-from .sm90_plan import GEMV_SMEM_BYTES, GEMV_TILE
+from .sm90_plan import GEMV_LAYOUTS, GEMV_TILE_M
 from .sm90_decode_ptx import (_adecode_prmt, _bcast, _byte_form, _ld_cluster_v4f, _scales_x128, _sts_v4f,
                               _wdecode)
 
-TILE_M = 64            # activation rows per CTA (8 n8 blocks)
-TILE_N = 128           # weight rows per CTA (8 warps x 16)
-THREADS = 256
+TILE_M = GEMV_TILE_M   # activation rows per CTA (8 n8 blocks)
 PHASE_K = 128          # k per activation phase (two 64-k k-tiles)
-RING = 8               # weight ring depth (k-tiles); RING - 1 in flight
-RAW_SLOTS = RING // 2 + 1
+TASKS = 256            # activation copy / decode tasks per phase: 64 rows x four 32-k chunks
 MAX_SPLIT = 8          # portable cluster size
-
-_W_SLOT = THREADS * 16
-_S_SLOT = THREADS * 8
-_R_SLOT = THREADS * 16 + THREADS * 4
+_R_SLOT = TASKS * 16 + TASKS * 4
 _A_BUF = 2 * TILE_M * 128          # one phase of decoded activations: 2 k-tiles x 64 rows x 128 bytes
-W_RING_AT = 0
-S_RING_AT = W_RING_AT + RING * _W_SLOT
-R_RING_AT = S_RING_AT + RING * _S_SLOT
-A_BUF_AT = R_RING_AT + RAW_SLOTS * _R_SLOT
-SMEM_BYTES = (A_BUF_AT + 2 * _A_BUF + 1023) // 1024 * 1024
-assert SMEM_BYTES == GEMV_SMEM_BYTES and (TILE_M, TILE_N) == GEMV_TILE     # the plan quotes these numbers
 _ACC_UNSCALE = float(2 ** 14)
 
 
-def split_of(tiles: int, sm_count: int, phases: int) -> int:
+def split_of(tiles: int, sm_count: int, phases: int, ctas_per_sm: int) -> int:
     """The host code's split (plain integers; tests/test_sm90_gemv.py checks it against the host program's): the
-    largest power of two up to 8 that keeps the grid within two CTAs per SM and gives every rank a phase."""
-    x = min(max(1, (2 * sm_count) // tiles), phases)
+    largest power of two up to 8 that keeps the grid within `ctas_per_sm` CTAs per SM and gives every rank a
+    phase."""
+    x = min(max(1, (ctas_per_sm * sm_count) // tiles), phases)
     return 8 if x >= 8 else 4 if x >= 4 else 2 if x >= 2 else 1
 
 
@@ -134,18 +125,22 @@ class _Sm90Gemv:
         self.cfg = cfg
         self.rank = cfg.rank
         self.dt = cfg.out_dtype
-        self.smem_bytes = SMEM_BYTES
+        self.lay = GEMV_LAYOUTS[cfg.tile_n]
+        self.tn, self.threads, self.ring = cfg.tile_n, self.lay.threads, self.lay.ring
+        self.raw_slots = self.lay.raw_slots
+        self.tasks = TASKS // self.threads          # activation tasks per thread (1 or 2)
+        self.smem_bytes = self.lay.smem_bytes
 
     @cute.jit
     def __call__(self, act: cute.Pointer, ascales: cute.Pointer, wgt: cute.Pointer, wscales: cute.Pointer,
                  lora_act_in: cute.Pointer, lora_up: cute.Pointer, wcscale: cute.Pointer, bias: cute.Pointer,
                  out: cute.Pointer, m: cutlass.Int32, n: cutlass.Int32, k: cutlass.Int32,
                  sm_count: cutlass.Int32, stream: cuda.CUstream):
-        tiles = ((m + (TILE_M - 1)) // TILE_M) * (n // TILE_N)
-        x = cutlass.min(cutlass.max(1, (2 * sm_count) // tiles), k // PHASE_K)
+        tiles = ((m + (TILE_M - 1)) // TILE_M) * (n // self.tn)
+        x = cutlass.min(cutlass.max(1, (self.lay.ctas_per_sm * sm_count) // tiles), k // PHASE_K)
         split = cutlass.select_(x >= 8, 8, cutlass.select_(x >= 4, 4, cutlass.select_(x >= 2, 2, 1)))
         self.kernel(act, ascales, wgt, wscales, lora_act_in, lora_up, wcscale, bias, out, m, n, k).launch(
-            grid=[tiles * split, 1, 1], block=[THREADS, 1, 1], cluster=[split, 1, 1], smem=self.smem_bytes,
+            grid=[tiles * split, 1, 1], block=[self.threads, 1, 1], cluster=[split, 1, 1], smem=self.smem_bytes,
             stream=stream)
 
     @cute.kernel
@@ -161,10 +156,11 @@ class _Sm90Gemv:
         S = cute.arch.make_warp_uniform(cute.arch.cluster_size())
         rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
         tile = bid // S
-        tiles_n = n // TILE_N
+        RING, T, NT = self.ring, self.tasks, self.threads
+        tiles_n = n // self.tn
         tm_i = tile // tiles_n
         m0 = tm_i * TILE_M
-        n0 = (tile - tm_i * tiles_n) * TILE_N
+        n0 = (tile - tm_i * tiles_n) * self.tn
         mrem = m - m0                                  # rows of this tile that exist (>= 1)
         ph0, nph = phase_share(rank, k // PHASE_K, S)
         nk = 2 * nph                                   # this CTA's k-tiles
@@ -173,11 +169,10 @@ class _Sm90Gemv:
         smem = cutlass.memory.SmemAllocator()
         base = smem.allocate(self.smem_bytes, byte_alignment=1024)
         sb = base.toint()
-        wring = sb + W_RING_AT + tid * 16
-        sring = sb + S_RING_AT + tid * 8
-        rring = sb + R_RING_AT + tid * 16
-        rsring = sb + R_RING_AT + THREADS * 16 + tid * 4
-        abuf = sb + A_BUF_AT
+        lay = self.lay
+        wring = sb + lay.w_ring_at + tid * 16
+        sring = sb + lay.s_ring_at + tid * 8
+        abuf = sb + lay.a_buf_at
 
         # ---- this thread's weight word and scale bytes (sm90 fragment format) --------------------------
         nb = n0 // 64 + tid // 128
@@ -186,17 +181,23 @@ class _Sm90Gemv:
         ssrc = p_wsc.toint() + (Int64(nb) * KT * 32 + t128 // 4) * 8       # + kt * 256
         kt_abs0 = 2 * ph0
 
-        # ---- this thread's activation chunk: row tid // 4, 32 k at 32 * (tid % 4) of each phase -----------
-        arow = tid // 4
-        akc = tid % 4
-        arow_ok = Int32(arow < mrem)
-        arow_c = cutlass.min(m0 + arow, m - 1)
-        asrc = p_act.toint() + Int64(arow_c) * (k // 2) + 16 * akc           # + phase * 64
-        scsrc = p_asc.toint() + Int64(arow_c) * (k // 16) + 4 * (akc // 2)   # + phase * 8
+        # ---- this thread's activation tasks (task = tid + i * threads): row task // 4, 32 k at 32 * (task % 4)
+        # of each phase; a task's raw bytes sit at task * 16 (scales at 4096 + task * 4) of a raw slot --------
+        rring, rsring, arow, akc, arow_ok, asrc, scsrc = [], [], [], [], [], [], []
+        for i in cutlass.range_constexpr(T):
+            task = tid + i * NT
+            rring.append(sb + lay.r_ring_at + task * 16)
+            rsring.append(sb + lay.r_ring_at + TASKS * 16 + task * 4)
+            arow.append(task // 4)
+            akc.append(task % 4)
+            arow_ok.append(Int32(arow[i] < mrem))
+            arow_c = cutlass.min(m0 + arow[i], m - 1)
+            asrc.append(p_act.toint() + Int64(arow_c) * (k // 2) + 16 * akc[i])            # + phase * 64
+            scsrc.append(p_asc.toint() + Int64(arow_c) * (k // 16) + 4 * (akc[i] // 2))    # + phase * 8
 
         c = self._Ctx()
         for name in ("nk", "nph", "ph0", "kt_abs0", "wring", "sring", "rring", "rsring", "abuf", "wsrc", "ssrc",
-                     "asrc", "scsrc", "arow", "akc"):
+                     "asrc", "scsrc", "arow", "akc", "RING", "NT"):
             setattr(c, name, locals()[name])
 
         # ---- prologue: groups 0 .. RING-2 carry weight k-tiles 0 .. RING-2; raw phase q >= 1 rides in the
@@ -204,16 +205,18 @@ class _Sm90Gemv:
         for j in cutlass.range_constexpr(RING - 1):
             if j < nk:
                 self._copy_w(c, j)
-            if arow_ok != 0:
-                if cutlass.const_expr(j == 0):
-                    self._copy_raw(c, 0)
-                if cutlass.const_expr(j % 2 == 0):
-                    if raw_phase_of_group(j) < nph:
-                        self._copy_raw(c, raw_phase_of_group(j))
+            for i in cutlass.range_constexpr(T):
+                if arow_ok[i] != 0:
+                    if cutlass.const_expr(j == 0):
+                        self._copy_raw(c, 0, i)
+                    if cutlass.const_expr(j % 2 == 0):
+                        if raw_phase_of_group(j) < nph:
+                            self._copy_raw(c, raw_phase_of_group(j), i)
             _cp_commit()
         _cp_wait(RING - 2)
-        if arow_ok != 0:
-            self._decode_raw(c, 0)
+        for i in cutlass.range_constexpr(T):
+            if arow_ok[i] != 0:
+                self._decode_raw(c, 0, i)
         cute.arch.sync_threads()
 
         acc = cute.make_rmem_tensor((32,), Float32)
@@ -227,15 +230,16 @@ class _Sm90Gemv:
                 kt = 2 * ph + h
                 _cp_wait(RING - 2)
                 slot = kt % RING
-                wv = _lds_v4(wring + slot * _W_SLOT)
-                sv = _lds_v2(sring + slot * _S_SLOT)
+                wv = _lds_v4(wring + slot * (NT * 16))
+                sv = _lds_v2(sring + slot * (NT * 8))
                 j = kt + RING - 1
                 if j < nk:
                     self._copy_w(c, j)
                 if cutlass.const_expr((h + RING - 1) % 2 == 0):
-                    if arow_ok != 0:
-                        if raw_phase_of_group(j) < nph:
-                            self._copy_raw(c, raw_phase_of_group(j))
+                    for i in cutlass.range_constexpr(T):
+                        if arow_ok[i] != 0:
+                            if raw_phase_of_group(j) < nph:
+                                self._copy_raw(c, raw_phase_of_group(j), i)
                 _cp_commit()
                 for kb in cutlass.range_constexpr(4):
                     pair = (sv[kb // 2] >> (16 * (kb % 2))) & 0xFFFF
@@ -257,8 +261,9 @@ class _Sm90Gemv:
                                 for i in cutlass.range_constexpr(4):
                                     acc[o + i] = res[i]
             if ph + 1 < nph:
-                if arow_ok != 0:
-                    self._decode_raw(c, ph + 1)
+                for i in cutlass.range_constexpr(T):
+                    if arow_ok[i] != 0:
+                        self._decode_raw(c, ph + 1, i)
             cute.arch.sync_threads()
         _cp_wait(0)
 
@@ -289,31 +294,32 @@ class _Sm90Gemv:
 
     def _copy_w(self, c, j):
         """cp.async this thread's weight word and scale bytes of local k-tile j into ring slot j % RING."""
-        slot = j % RING
+        slot = j % c.RING
         kt = Int64(c.kt_abs0 + j)
-        _cp16(c.wring + slot * _W_SLOT, c.wsrc + kt * 2048)
-        _cp8(c.sring + slot * _S_SLOT, c.ssrc + kt * 256)
+        _cp16(c.wring + slot * (c.NT * 16), c.wsrc + kt * 2048)
+        _cp8(c.sring + slot * (c.NT * 8), c.ssrc + kt * 256)
 
-    def _copy_raw(self, c, q):
-        """cp.async this thread's 16 raw activation bytes and 4 scale bytes of local phase q (slot q % RAW_SLOTS)."""
-        slot = q % RAW_SLOTS
+    def _copy_raw(self, c, q, i):
+        """cp.async task i's 16 raw activation bytes and 4 scale bytes of local phase q (slot q % raw_slots)."""
+        slot = q % self.raw_slots
         ph = Int64(c.ph0 + q)
-        _cp16(c.rring + slot * _R_SLOT, c.asrc + ph * 64)
-        _cp4(c.rsring + slot * _R_SLOT, c.scsrc + ph * 8)
+        _cp16(c.rring[i] + slot * _R_SLOT, c.asrc[i] + ph * 64)
+        _cp4(c.rsring[i] + slot * _R_SLOT, c.scsrc[i] + ph * 8)
 
-    def _decode_raw(self, c, q):
-        """Phase q's chunk of this thread (its own copy) -> the fp16 tile buffer q % 2 (swizzled rows)."""
-        slot = q % RAW_SLOTS
-        raw = _lds_v4(c.rring + slot * _R_SLOT)
-        s4 = _lds_u32(c.rsring + slot * _R_SLOT)
-        s2 = _scales_x128((s4 >> (16 * (c.akc % 2))) & 0xFFFF)
+    def _decode_raw(self, c, q, i):
+        """Phase q's chunk of task i (this thread's own copy) -> the fp16 tile buffer q % 2 (swizzled rows)."""
+        slot = q % self.raw_slots
+        raw = _lds_v4(c.rring[i] + slot * _R_SLOT)
+        s4 = _lds_u32(c.rsring[i] + slot * _R_SLOT)
+        akc, arow = c.akc[i], c.arow[i]
+        s2 = _scales_x128((s4 >> (16 * (akc % 2))) & 0xFFFF)
         sc = (_bcast(s2, 0), _bcast(s2, 1))
-        dst0 = c.abuf + (q % 2) * _A_BUF + (c.akc // 2) * (TILE_M * 128) + c.arow * 128
+        dst0 = c.abuf + (q % 2) * _A_BUF + (akc // 2) * (TILE_M * 128) + arow * 128
         for w in range(4):
             lo, hi = _byte_form(raw[w], 0), _byte_form(raw[w], 1)
             d = [_adecode_prmt(lo, hi, sc[w // 2], b) for b in range(4)]
-            chunk = (c.akc % 2) * 4 + w
-            _sts_v4(dst0 + swizzled_chunk(c.arow, chunk) * 16, d[0], d[1], d[2], d[3])
+            chunk = (akc % 2) * 4 + w
+            _sts_v4(dst0 + swizzled_chunk(arow, chunk) * 16, d[0], d[1], d[2], d[3])
 
     def _epilogue(self, p_la, p_lu, p_wc, p_bias, p_out, m, n, m0, r0, g, c4, mrem, acc):
         """acc[n, m] (rows r0 + g, r0 + g + 8) -> ·2^14·wcscale, + LoRA, + bias, stored where m < M."""

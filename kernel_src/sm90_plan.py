@@ -58,12 +58,58 @@ def _lora_chunk(rank: int) -> int:
     return 16
 
 
-#: schedule "gemv" (sm90_gemv_kernel): its fixed tile, and the knob values it has (it has no stages, raw sets,
-#: weight sets or act forms: anything else would only duplicate a variant)
-GEMV_TILE = (64, 128)
+#: schedule "gemv" (sm90_gemv_kernel): its tiles (tile_m 64; tile_n 128 = 8 warps, 64 = 4 warps), and the knob
+#: values it has (it has no stages, raw sets, weight sets or act forms: anything else would only duplicate a variant)
+GEMV_TILE_M = 64
 GEMV_FIXED = dict(stages=4, prefetch=1, skip_pad=True, act_decode="prmt", wsets=2, act_source="nvfp4")
-#: bytes of the gemv form's SMEM (per-thread weight ring 8 x 24 B, raw activation ring 5 x 20 B, two fp16 phases)
-GEMV_SMEM_BYTES = (8 * 256 * 24 + 5 * 256 * 20 + 2 * 2 * 64 * 128 + 1023) // 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class GemvLayout:
+    """One gemv tile's threads, rings and SMEM (bytes): a per-thread weight ring of `ring` k-tiles (16 weight and 8
+    scale bytes per thread each), `raw_slots` activation phases of 256 copy tasks (16 + 4 bytes each), two decoded
+    fp16 phases of 64 rows x 128 k; `ctas_per_sm` of them fit an SM (registers and SMEM), which the launch-time
+    split assumes."""
+    tile_n: int
+    ring: int
+    ctas_per_sm: int
+
+    @property
+    def warps(self) -> int:
+        return self.tile_n // 16
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    @property
+    def raw_slots(self) -> int:
+        return self.ring // 2 + 1
+
+    @property
+    def w_ring_at(self) -> int:
+        return 0
+
+    @property
+    def s_ring_at(self) -> int:
+        return self.w_ring_at + self.ring * self.threads * 16
+
+    @property
+    def r_ring_at(self) -> int:
+        return self.s_ring_at + self.ring * self.threads * 8
+
+    @property
+    def a_buf_at(self) -> int:
+        return self.r_ring_at + self.raw_slots * 256 * 20
+
+    @property
+    def smem_bytes(self) -> int:
+        return (self.a_buf_at + 2 * 2 * GEMV_TILE_M * 128 + 1023) // 1024 * 1024
+
+
+#: tile_n -> layout.  128: the form that ran on the H200 (session 9).  64: half the rows per CTA, so N = 3072 gives
+#: 48 tiles x 8 ranks = 384 CTAs, three per SM on 132 SMs (a ring of 6 keeps 3 x 71 KB within an SM's 228 KB)
+GEMV_LAYOUTS = {128: GemvLayout(128, ring=8, ctas_per_sm=2), 64: GemvLayout(64, ring=6, ctas_per_sm=3)}
 
 
 def is_gemv(cfg: _Cfg) -> bool:
@@ -76,8 +122,8 @@ def _smem_plan(cfg: _Cfg) -> dict[str, int]:
     the next tile while the consumers run the epilogue, so the LoRA chunk has its own bytes after the stages,
     and the ring's 2 x stages mbarriers (8 bytes each) come last."""
     if is_gemv(cfg):
-        return dict(main_bytes=GEMV_SMEM_BYTES, lora_bytes=0, total_bytes=GEMV_SMEM_BYTES, lu_offset=0, la_offset=0,
-                    bar_offset=-1)
+        total = GEMV_LAYOUTS[cfg.tile_n].smem_bytes
+        return dict(main_bytes=total, lora_bytes=0, total_bytes=total, lu_offset=0, la_offset=0, bar_offset=-1)
     main = cfg.stages * cfg.tile_m * TILE_K * 2
     lora = (cfg.tile_n + cfg.tile_m) * _lora_chunk(cfg.rank) * 2 if cfg.rank else 0
     la_in_chunk = cfg.tile_n * _lora_chunk(cfg.rank) * 2 if cfg.rank else 0
@@ -94,9 +140,10 @@ def _smem_plan(cfg: _Cfg) -> dict[str, int]:
 
 
 def _gemv_problem(cfg: _Cfg) -> Optional[str]:
-    if (cfg.tile_m, cfg.tile_n) != GEMV_TILE:
-        return (f"schedule gemv with tile {cfg.tile_m}x{cfg.tile_n}: its tile is {GEMV_TILE[0]}x{GEMV_TILE[1]} "
-                f"(8 warps of 16 weight rows; the n8 blocks of rows >= M are skipped, so one tile serves every M)")
+    if cfg.tile_m != GEMV_TILE_M or cfg.tile_n not in GEMV_LAYOUTS:
+        tiles = " or ".join(f"{GEMV_TILE_M}x{t}" for t in GEMV_LAYOUTS)
+        return (f"schedule gemv with tile {cfg.tile_m}x{cfg.tile_n}: its tiles are {tiles} (warps of 16 weight rows; "
+                f"the n8 blocks of rows >= M are skipped, so one tile_m serves every M)")
     for key, want in GEMV_FIXED.items():
         if getattr(cfg, key) != want:
             return (f"schedule gemv with {key} {getattr(cfg, key)!r}: the gemv form has no {key} knob (it runs as "
@@ -107,6 +154,9 @@ def _gemv_problem(cfg: _Cfg) -> Optional[str]:
 def _problem(cfg: _Cfg) -> Optional[str]:
     if is_gemv(cfg):
         return _gemv_problem(cfg)
+    if cfg.tile_n % 128:
+        return (f"tile_n {cfg.tile_n} with schedule {cfg.schedule}: a wgmma tile is whole 128-row weight tiles (two MMA "
+                f"warpgroups of 64-row atoms); 64 rows is the gemv form's tile only")
     atoms = cfg.tile_n // 128
     acc = atoms * cfg.tile_m // 2
     if cfg.wsets != 2 and not is_ws(cfg):
@@ -192,5 +242,8 @@ def ksplit_of(cfg: _Cfg) -> int:
 
 
 def threads_of(cfg: _Cfg) -> int:
-    """Threads per CTA: two warpgroups (coop), or a producer warpgroup and two MMA warpgroups (ws*)."""
+    """Threads per CTA: two warpgroups (coop), a producer warpgroup and two MMA warpgroups (ws*), or one warp per 16
+    weight rows (gemv)."""
+    if is_gemv(cfg):
+        return GEMV_LAYOUTS[cfg.tile_n].threads
     return WS_THREADS if is_ws(cfg) else THREADS

@@ -32,21 +32,36 @@ def gemv_knobs(out_dtype="bf16", rank=32, wcscale=True, bias=True, **kw):
 # the validity predicate: one tile, no knobs of the wgmma forms
 # --------------------------------------------------------------------------
 
-def test_gemv_accepts_its_one_form_at_every_rank():
+@pytest.mark.parametrize("tile_n", sorted(plan.GEMV_LAYOUTS))
+def test_gemv_accepts_its_forms_at_every_rank(tile_n):
     for r in sm90.FEATURE_VALUES["rank"]:
         for dt in ("fp16", "bf16"):
-            assert sm90.invalid_reason(ARCH, gemv_knobs(dt, r)) is None, (dt, r)
-    k = gemv_knobs()
-    assert sm90.threads_for(k) == gv.THREADS == 256
-    assert sm90.smem_bytes_for(k) == gv.SMEM_BYTES == plan.GEMV_SMEM_BYTES
-    # two CTAs per SM (each also pays the driver's 1 KiB)
-    assert 2 * (gv.SMEM_BYTES + 1024) <= 228 * 1024
-    assert sm90.requirements(ARCH, k) == {"n_multiple": 128, "k_multiple": 128}
+            assert sm90.invalid_reason(ARCH, gemv_knobs(dt, r, tile_n=tile_n)) is None, (dt, r)
+    k = gemv_knobs(tile_n=tile_n)
+    lay = plan.GEMV_LAYOUTS[tile_n]
+    assert sm90.threads_for(k) == lay.threads == 2 * tile_n
+    assert sm90.smem_bytes_for(k) == lay.smem_bytes
+    # ctas_per_sm CTAs per SM (each also pays the driver's 1 KiB); one fewer would not hold the next
+    assert lay.ctas_per_sm * (lay.smem_bytes + 1024) <= 228 * 1024
+    assert sm90.requirements(ARCH, k) == {"n_multiple": tile_n, "k_multiple": 128}
     assert sm90.resolve(ARCH, dict(k, stages="auto"))["stages"] == 4
+    # the layout's regions do not overlap and hold what the kernel puts there
+    assert lay.s_ring_at == lay.ring * lay.threads * 16
+    assert lay.r_ring_at == lay.s_ring_at + lay.ring * lay.threads * 8
+    assert lay.a_buf_at == lay.r_ring_at + lay.raw_slots * gv._R_SLOT
+    assert lay.smem_bytes >= lay.a_buf_at + 2 * gv._A_BUF
+    assert lay.warps * 32 * 32 * 4 <= 2 * gv._A_BUF                     # the split-K partials fit the tile buffers
+
+
+def test_wgmma_forms_refuse_the_64_row_weight_tile():
+    from test_kernel_compile import make_knobs
+    reason = sm90.invalid_reason(ARCH, make_knobs(tile_n=64, schedule="ws", prefetch=2, skip_pad=True,
+                                                  act_decode="prmt"))
+    assert reason and "tile_n 64 with schedule ws" in reason and "gemv" in reason
 
 
 @pytest.mark.parametrize("change, words", [
-    (dict(tile_m=128), "tile 128x128: its tile is 64x128"),
+    (dict(tile_m=128), "tile 128x128: its tiles are 64x128 or 64x64"),
     (dict(tile_n=256), "tile 64x256"),
     (dict(stages=3), "stages 3: the gemv form has no stages knob"),
     (dict(prefetch=2), "prefetch 2"),
@@ -70,18 +85,21 @@ def test_static_problem_wants_the_form_s_own_mma():
 # the split chosen at launch, and each rank's phases
 # --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("m, n, k, want", [
-    (16, 3072, 3072, 8),       # 24 tiles: 8 ranks (192 CTAs on 132 SMs, two per SM)
-    (64, 3072, 12288, 8),
-    (16, 12288, 3072, 2),      # 96 tiles: 2 ranks
-    (1, 256, 128, 1),          # one phase: no split
-    (1, 256, 640, 4),          # five phases, 2 tiles: four ranks (a power of two; shares of 1 and 2)
-    (1, 256, 384, 2),
-    (4608, 3072, 3072, 1),     # many tiles: no split
+@pytest.mark.parametrize("tile_n, m, n, k, want", [
+    (128, 16, 3072, 3072, 8),       # 24 tiles: 8 ranks (192 CTAs on 132 SMs, two per SM)
+    (128, 64, 3072, 12288, 8),
+    (128, 16, 12288, 3072, 2),      # 96 tiles: 2 ranks
+    (128, 1, 256, 128, 1),          # one phase: no split
+    (128, 1, 256, 640, 4),          # five phases, 2 tiles: four ranks (a power of two; shares of 1 and 2)
+    (128, 1, 256, 384, 2),
+    (128, 4608, 3072, 3072, 1),     # many tiles: no split
+    (64, 16, 3072, 3072, 8),        # 48 tiles: 8 ranks, 384 CTAs, three per SM
+    (64, 16, 12288, 3072, 2),       # 192 tiles: 2 ranks
+    (64, 64, 3072, 15360, 8),
 ])
-def test_split_of(m, n, k, want):
-    tiles = -(-m // gv.TILE_M) * (n // gv.TILE_N)
-    assert gv.split_of(tiles, 132, k // gv.PHASE_K) == want
+def test_split_of(tile_n, m, n, k, want):
+    tiles = -(-m // gv.TILE_M) * (n // tile_n)
+    assert gv.split_of(tiles, 132, k // gv.PHASE_K, plan.GEMV_LAYOUTS[tile_n].ctas_per_sm) == want
 
 
 def test_phase_shares_cover_every_phase_once():
@@ -99,8 +117,8 @@ def test_phase_shares_cover_every_phase_once():
 # the cp.async schedule, replayed: every read finds the bytes it wants, no copy overwrites unread bytes
 # --------------------------------------------------------------------------
 
-def _replay(nph: int) -> None:
-    R, RA = gv.RING, gv.RAW_SLOTS
+def _replay(nph: int, lay) -> None:
+    R, RA = lay.ring, lay.raw_slots
     nk = 2 * nph
     groups = []                              # per committed group: its copies [("w", kt) | ("a", q)]
     wslot, aslot = {}, {}                    # slot -> what it holds (pending or landed)
@@ -149,9 +167,10 @@ def _replay(nph: int) -> None:
     assert consumed_w == set(range(nk)) and consumed_a == set(range(nph))
 
 
+@pytest.mark.parametrize("tile_n", sorted(plan.GEMV_LAYOUTS))
 @pytest.mark.parametrize("nph", list(range(1, 25)) + [30, 48, 96, 120])
-def test_ring_schedule(nph):
-    _replay(nph)
+def test_ring_schedule(nph, tile_n):
+    _replay(nph, plan.GEMV_LAYOUTS[tile_n])
 
 
 def test_swizzle_makes_ldmatrix_and_the_decode_stores_conflict_free():
@@ -167,8 +186,9 @@ def test_swizzle_makes_ldmatrix_and_the_decode_stores_conflict_free():
 # --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("knobs", [gemv_knobs("bf16", 32, True, True), gemv_knobs("fp16", 0, False, False),
-                                   gemv_knobs("bf16", 256, True, False)],
-                         ids=["bf16-r32", "fp16-r0-plain", "bf16-r256"])
+                                   gemv_knobs("bf16", 256, True, False), gemv_knobs("bf16", 32, True, True, tile_n=64),
+                                   gemv_knobs("fp16", 96, False, True, tile_n=64)],
+                         ids=["bf16-r32", "fp16-r0-plain", "bf16-r256", "tile64-bf16-r32", "tile64-fp16-r96"])
 def test_compile_produces_a_clean_gemv_cubin(knobs, tmp_path):
     from svdq_aot.host_ir import serialize_host
     from svdq_loader.hostvm import HostProgram
@@ -179,9 +199,12 @@ def test_compile_produces_a_clean_gemv_cubin(knobs, tmp_path):
     ck = sm90.compile(ARCH, knobs, name, str(tmp_path), keep_ptx=True)
     sym = ck.kernel_symbols[0]
     usage = ck.resource_usage[sym]
+    lay = plan.GEMV_LAYOUTS[knobs["tile_n"]]
     assert usage["stack_frame_bytes"] == 0
-    assert 0 < usage["registers"] <= 65536 // (2 * gv.THREADS)        # two CTAs per SM
-    assert ck.smem_bytes == gv.SMEM_BYTES
+    # ctas_per_sm CTAs' registers fit the SM's 64 K (allocated per warp in units of 256)
+    regs = -(-usage["registers"] * 32 // 256) * 256
+    assert 0 < lay.ctas_per_sm * lay.warps * regs <= 65536, usage
+    assert ck.smem_bytes == lay.smem_bytes
     sass = sass_of_cubin(ck.cubin, tmp_path)
     assert not re.search(r"\b(STL|LDL)\b", sass)
     main = len(re.findall(r"HMMA\.16816\.F32 ", sass))               # fp16 x fp16: the main loop
@@ -191,7 +214,8 @@ def test_compile_produces_a_clean_gemv_cubin(knobs, tmp_path):
         assert lora == knobs["rank"] // 16 * 8
     else:
         assert main == 2 * 4 * 8 + knobs["rank"] // 16 * 8
-    assert "LDGSTS.E.BYPASS.128" in sass and "LDSM.16.M88.4" in sass and "DEPBAR.LE SB0, 0x6" in sass
+    assert "LDGSTS.E.BYPASS.128" in sass and "LDSM.16.M88.4" in sass
+    assert f"DEPBAR.LE SB0, {lay.ring - 2:#x}" in sass                # ring - 1 k-tiles in flight
     assert "HGMMA" not in sass
     # the split-K reduction: two cluster barriers, 128-bit distributed-SMEM reads
     assert sass.count("UCGABAR_ARV") == 2 and sass.count("UCGABAR_WAIT") == 2
@@ -201,7 +225,8 @@ def test_compile_produces_a_clean_gemv_cubin(knobs, tmp_path):
     for m, n, k, sms in ((16, 3072, 3072, 132), (64, 12288, 3072, 132), (1, 256, 640, 132), (300, 512, 1024, 132),
                          (16, 3072, 3072, 78)):
         rec = prog.launch([0x10000 * (i + 1) for i in range(9)] + [m, n, k, sms, 0], sizes)
-        tiles = -(-m // 64) * (n // 128)
-        s = gv.split_of(tiles, sms, k // 128)
-        assert rec.grid == (tiles * s, 1, 1) and rec.block == (256, 1, 1) and rec.cluster[0] == s, (m, n, k, sms)
-        assert rec.smem == gv.SMEM_BYTES
+        tiles = -(-m // 64) * (n // knobs["tile_n"])
+        s = gv.split_of(tiles, sms, k // 128, lay.ctas_per_sm)
+        assert rec.grid == (tiles * s, 1, 1) and rec.block == (lay.threads, 1, 1) and rec.cluster[0] == s, \
+            (m, n, k, sms)
+        assert rec.smem == lay.smem_bytes
