@@ -129,6 +129,7 @@ class _Sm90Gemv:
         self.tn, self.threads, self.ring = cfg.tile_n, self.lay.threads, self.lay.ring
         self.raw_slots = self.lay.raw_slots
         self.tasks = TASKS // self.threads          # activation tasks per thread (1 or 2)
+        self.prefetch = cfg.prefetch                # k-tiles of weight words read and decoded per ring wait
         self.smem_bytes = self.lay.smem_bytes
 
     @cute.jit
@@ -221,17 +222,29 @@ class _Sm90Gemv:
 
         acc = cute.make_rmem_tensor((32,), Float32)
         acc.fill(0.0)
-        afr = cute.make_rmem_tensor((16,), Int32)
+        afr = cute.make_rmem_tensor((16 * self.prefetch,), Int32)       # A fragments of 1 or 2 k-tiles
         # ldmatrix: lane L points at row 8 * (L // 16) + L % 8 of the pair of n8 blocks, k half (L // 8) % 2
         lrow = 8 * (lane // 16) + lane % 8
         lkh = (lane // 8) % 2
+        xoff = [lrow * 128 + swizzled_chunk(lane % 8, 2 * kb + lkh) * 16 for kb in range(4)]
+        P1 = self.prefetch == 1
         for ph in cutlass.range(0, nph, 1, unroll=1):
+            # prefetch 1, per k-tile: wait for its group, read its words, refill the ring, decode, MMA.  prefetch 2,
+            # per phase: one wait for both k-tiles (groups <= 2ph+1), both words and both decodes, then the refills
+            # (the slot of k-tile 2ph, which k-tile 2ph + RING re-uses, is consumed by then), then the MMAs
+            if cutlass.const_expr(not P1):
+                _cp_wait(RING - 3)
+                wvs = [_lds_v4(wring + ((2 * ph + h) % RING) * (NT * 16)) for h in range(2)]
+                svs = [_lds_v2(sring + ((2 * ph + h) % RING) * (NT * 8)) for h in range(2)]
+                for h in cutlass.range_constexpr(2):
+                    self._decode_w(wvs[h], svs[h], afr, 16 * h)
             for h in cutlass.range_constexpr(2):
                 kt = 2 * ph + h
-                _cp_wait(RING - 2)
-                slot = kt % RING
-                wv = _lds_v4(wring + slot * (NT * 16))
-                sv = _lds_v2(sring + slot * (NT * 8))
+                if cutlass.const_expr(P1):
+                    _cp_wait(RING - 2)
+                    slot = kt % RING
+                    wv = _lds_v4(wring + slot * (NT * 16))
+                    sv = _lds_v2(sring + slot * (NT * 8))
                 j = kt + RING - 1
                 if j < nk:
                     self._copy_w(c, j)
@@ -241,25 +254,34 @@ class _Sm90Gemv:
                             if raw_phase_of_group(j) < nph:
                                 self._copy_raw(c, raw_phase_of_group(j), i)
                 _cp_commit()
-                for kb in cutlass.range_constexpr(4):
-                    pair = (sv[kb // 2] >> (16 * (kb % 2))) & 0xFFFF
-                    s2 = _scales_x128(pair)
-                    sbc = (_bcast(s2, 0), _bcast(s2, 1))
-                    for p in cutlass.range_constexpr(4):
-                        afr[4 * kb + p] = _wdecode(wv[kb], sbc[p % 2], p)
-                tbase = abuf + (ph % 2) * _A_BUF + h * (TILE_M * 128)
+                if cutlass.const_expr(P1):
+                    self._decode_w(wv, sv, afr, 0)
+                    tbase = abuf + (ph % 2) * _A_BUF + h * (TILE_M * 128)
+                    for bp in cutlass.range_constexpr(4):
+                        if 16 * bp < mrem:
+                            r = 16 * bp + lrow
+                            for kb in cutlass.range_constexpr(4):
+                                bf = _ldsm_x4(tbase + r * 128 + swizzled_chunk(r, 2 * kb + lkh) * 16)
+                                a = [afr[4 * kb + i] for i in range(4)]
+                                for e in cutlass.range_constexpr(2):
+                                    o = 4 * (2 * bp + e)
+                                    cur = [acc[o + i] for i in range(4)]
+                                    res = _mma("fp16", cur, a, [bf[2 * e], bf[2 * e + 1]])
+                                    for i in cutlass.range_constexpr(4):
+                                        acc[o + i] = res[i]
+            if cutlass.const_expr(not P1):
+                pbase = abuf + (ph % 2) * _A_BUF
                 for bp in cutlass.range_constexpr(4):
                     if 16 * bp < mrem:
-                        r = 16 * bp + lrow
-                        for kb in cutlass.range_constexpr(4):
-                            bf = _ldsm_x4(tbase + r * 128 + swizzled_chunk(r, 2 * kb + lkh) * 16)
-                            a = [afr[4 * kb + i] for i in range(4)]
-                            for e in cutlass.range_constexpr(2):
-                                o = 4 * (2 * bp + e)
-                                cur = [acc[o + i] for i in range(4)]
-                                res = _mma("fp16", cur, a, [bf[2 * e], bf[2 * e + 1]])
-                                for i in cutlass.range_constexpr(4):
-                                    acc[o + i] = res[i]
+                        for h in cutlass.range_constexpr(2):
+                            for kb in cutlass.range_constexpr(4):
+                                bf = _ldsm_x4(pbase + (h * TILE_M * 128 + 16 * bp * 128) + xoff[kb])
+                                a = [afr[16 * h + 4 * kb + q] for q in range(4)]
+                                for e in cutlass.range_constexpr(2):
+                                    o = 4 * (2 * bp + e)
+                                    res = _mma("fp16", [acc[o + q] for q in range(4)], a, [bf[2 * e], bf[2 * e + 1]])
+                                    for q in cutlass.range_constexpr(4):
+                                        acc[o + q] = res[q]
             if ph + 1 < nph:
                 for i in cutlass.range_constexpr(T):
                     if arow_ok[i] != 0:
@@ -291,6 +313,15 @@ class _Sm90Gemv:
 
     class _Ctx:
         """Trace-time bag of the kernel's per-thread addresses (the helpers below stay out of the AST rewrite)."""
+
+    def _decode_w(self, wv, sv, afr, at):
+        """One k-tile's weight words and scale bytes -> its 16 A fragment registers afr[at .. at+16) (exact fp16)."""
+        for kb in range(4):
+            pair = (sv[kb // 2] >> (16 * (kb % 2))) & 0xFFFF
+            s2 = _scales_x128(pair)
+            sbc = (_bcast(s2, 0), _bcast(s2, 1))
+            for p in range(4):
+                afr[at + 4 * kb + p] = _wdecode(wv[kb], sbc[p % 2], p)
 
     def _copy_w(self, c, j):
         """cp.async this thread's weight word and scale bytes of local k-tile j into ring slot j % RING."""

@@ -59,9 +59,11 @@ def _lora_chunk(rank: int) -> int:
 
 
 #: schedule "gemv" (sm90_gemv_kernel): its tiles (tile_m 64; tile_n 128 = 8 warps, 64 = 4 warps), and the knob
-#: values it has (it has no stages, raw sets, weight sets or act forms: anything else would only duplicate a variant)
+#: values it has (it has no stages, weight sets or act forms: anything else would only duplicate a variant)
 GEMV_TILE_M = 64
-GEMV_FIXED = dict(stages=4, prefetch=1, skip_pad=True, act_decode="prmt", wsets=2, act_source="nvfp4")
+GEMV_FIXED = dict(stages=4, skip_pad=True, act_decode="prmt", wsets=2, act_source="nvfp4")
+#: gemv's `prefetch`: k-tiles of weight words read and decoded per ring wait (1: per k-tile, the form that ran on the
+#: H200; 2: both k-tiles of a 128-k phase after one wait, compiled only)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +103,10 @@ class GemvLayout:
     @property
     def a_buf_at(self) -> int:
         return self.r_ring_at + self.raw_slots * 256 * 20
+
+    def fits_registers(self, registers: int) -> bool:
+        """Whether `ctas_per_sm` CTAs at `registers` per thread fit an SM's 64 K (allocated per warp, in 256s)."""
+        return self.ctas_per_sm * self.warps * (-(-registers * 32 // 256) * 256) <= 65536
 
     @property
     def smem_bytes(self) -> int:
@@ -144,6 +150,11 @@ def _gemv_problem(cfg: _Cfg) -> Optional[str]:
         tiles = " or ".join(f"{GEMV_TILE_M}x{t}" for t in GEMV_LAYOUTS)
         return (f"schedule gemv with tile {cfg.tile_m}x{cfg.tile_n}: its tiles are {tiles} (warps of 16 weight rows; "
                 f"the n8 blocks of rows >= M are skipped, so one tile_m serves every M)")
+    lay = GEMV_LAYOUTS[cfg.tile_n]
+    if lay.ctas_per_sm == 2 and cfg.prefetch == 2 and cfg.rank > 64:
+        return (f"schedule gemv with tile_n {cfg.tile_n}, prefetch 2 and rank {cfg.rank}: two k-tiles of fragments and "
+                f"the LoRA epilogue take 136-142 registers (measured at ranks 80-256), over the "
+                f"{65536 // (2 * lay.threads)} that {lay.ctas_per_sm} CTAs of {lay.threads} threads per SM allow")
     for key, want in GEMV_FIXED.items():
         if getattr(cfg, key) != want:
             return (f"schedule gemv with {key} {getattr(cfg, key)!r}: the gemv form has no {key} knob (it runs as "

@@ -245,6 +245,13 @@ def compile(arch: str, knobs: dict, name: str, dump_dir: str, *, keep_ptx: bool 
                         _OUT_DTYPES[cfg.out_dtype], name, arch, dump_dir, gemm.smem_bytes, keep_ptx=True)
     problem = static_problem(_read_ptx(dump_dir, ck.entry, arch, keep_ptx), ck.resource_usage,
                              "mma.sync.aligned.m16n8k16" if is_gemv(cfg) else "wgmma.mma_async")
+    if problem is None and is_gemv(cfg):
+        from .sm90_plan import GEMV_LAYOUTS
+        lay = GEMV_LAYOUTS[cfg.tile_n]
+        for sym, u in ck.resource_usage.items():
+            if not lay.fits_registers(u["registers"]):
+                problem = (f"kernel {sym}: {u['registers']} registers leave fewer than the {lay.ctas_per_sm} CTAs "
+                           f"per SM its launch-time split assumes (the validity predicate should have refused it)")
     if problem:
         raise RuntimeError(f"{name}: {problem}")
     return ck

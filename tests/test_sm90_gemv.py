@@ -64,7 +64,7 @@ def test_wgmma_forms_refuse_the_64_row_weight_tile():
     (dict(tile_m=128), "tile 128x128: its tiles are 64x128 or 64x64"),
     (dict(tile_n=256), "tile 64x256"),
     (dict(stages=3), "stages 3: the gemv form has no stages knob"),
-    (dict(prefetch=2), "prefetch 2"),
+    (dict(prefetch=2, rank=80), "prefetch 2 and rank 80: two k-tiles of fragments"),
     (dict(wsets=4), "wsets 4"),
     (dict(act_source="images"), "act_source 'images'"),
     (dict(act_decode="shift"), "act_decode 'shift'"),
@@ -117,7 +117,8 @@ def test_phase_shares_cover_every_phase_once():
 # the cp.async schedule, replayed: every read finds the bytes it wants, no copy overwrites unread bytes
 # --------------------------------------------------------------------------
 
-def _replay(nph: int, lay) -> None:
+def _replay(nph: int, lay, prefetch: int) -> None:
+    """The kernel's copy / wait / read order as it issues it (prefetch 1: a wait per k-tile; 2: per phase)."""
     R, RA = lay.ring, lay.raw_slots
     nk = 2 * nph
     groups = []                              # per committed group: its copies [("w", kt) | ("a", q)]
@@ -131,11 +132,19 @@ def _replay(nph: int, lay) -> None:
         slots[slot] = x
         groups[-1].append((kind, x))
 
-    def wait(n_pending):
-        return len(groups) - n_pending       # groups [0, done) have landed
+    def landed(kind, x, n_pending):
+        return any((kind, x) in g for g in groups[:len(groups) - n_pending])
 
-    def landed(kind, x, done):
-        return any((kind, x) in g for g in groups[:done])
+    def read_w(kt, n_pending):
+        assert landed("w", kt, n_pending) and wslot[kt % R] == kt, (nph, kt)
+        consumed_w.add(kt)
+
+    def refill(j):
+        groups.append([])
+        if j < nk:
+            issue("w", j)
+        if j % 2 == 0 and gv.raw_phase_of_group(j) < nph:      # the kernel's parity test, (h + RING - 1) even
+            issue("a", gv.raw_phase_of_group(j))
 
     for j in range(R - 1):                   # the prologue
         groups.append([])
@@ -145,32 +154,31 @@ def _replay(nph: int, lay) -> None:
             issue("a", 0)
         if j % 2 == 0 and gv.raw_phase_of_group(j) < nph:
             issue("a", gv.raw_phase_of_group(j))
-    done = wait(R - 2)
-    assert landed("a", 0, done) and aslot[0] == 0
+    assert landed("a", 0, R - 2) and aslot[0] == 0
     consumed_a.add(0)
     for ph in range(nph):
-        for h in range(2):
-            kt = 2 * ph + h
-            done = wait(R - 2)
-            assert landed("w", kt, done) and wslot[kt % R] == kt, (nph, kt)
-            consumed_w.add(kt)
-            j = kt + R - 1
-            groups.append([])
-            if j < nk:
-                issue("w", j)
-            if (h + R - 1) % 2 == 0 and gv.raw_phase_of_group(j) < nph:
-                issue("a", gv.raw_phase_of_group(j))
+        if prefetch == 1:
+            for h in range(2):
+                read_w(2 * ph + h, R - 2)
+                refill(2 * ph + h + R - 1)
+        else:
+            for h in range(2):
+                read_w(2 * ph + h, R - 3)
+            for h in range(2):
+                refill(2 * ph + h + R - 1)
         if ph + 1 < nph:
             q = ph + 1
-            assert landed("a", q, wait(R - 2)) and aslot[q % RA] == q, (nph, q)
+            # the last wait (before the phase's last refill) left groups <= 2ph+1 landed: R - 1 groups since
+            assert landed("a", q, R - 1) and aslot[q % RA] == q, (nph, q)
             consumed_a.add(q)
     assert consumed_w == set(range(nk)) and consumed_a == set(range(nph))
 
 
+@pytest.mark.parametrize("prefetch", [1, 2])
 @pytest.mark.parametrize("tile_n", sorted(plan.GEMV_LAYOUTS))
 @pytest.mark.parametrize("nph", list(range(1, 25)) + [30, 48, 96, 120])
-def test_ring_schedule(nph, tile_n):
-    _replay(nph, plan.GEMV_LAYOUTS[tile_n])
+def test_ring_schedule(nph, tile_n, prefetch):
+    _replay(nph, plan.GEMV_LAYOUTS[tile_n], prefetch)
 
 
 def test_swizzle_makes_ldmatrix_and_the_decode_stores_conflict_free():
@@ -187,8 +195,11 @@ def test_swizzle_makes_ldmatrix_and_the_decode_stores_conflict_free():
 
 @pytest.mark.parametrize("knobs", [gemv_knobs("bf16", 32, True, True), gemv_knobs("fp16", 0, False, False),
                                    gemv_knobs("bf16", 256, True, False), gemv_knobs("bf16", 32, True, True, tile_n=64),
-                                   gemv_knobs("fp16", 96, False, True, tile_n=64)],
-                         ids=["bf16-r32", "fp16-r0-plain", "bf16-r256", "tile64-bf16-r32", "tile64-fp16-r96"])
+                                   gemv_knobs("fp16", 96, False, True, tile_n=64),
+                                   gemv_knobs("bf16", 64, True, True, prefetch=2),
+                                   gemv_knobs("bf16", 256, True, True, tile_n=64, prefetch=2)],
+                         ids=["bf16-r32", "fp16-r0-plain", "bf16-r256", "tile64-bf16-r32", "tile64-fp16-r96",
+                              "pf2-bf16-r64", "tile64-pf2-bf16-r256"])
 def test_compile_produces_a_clean_gemv_cubin(knobs, tmp_path):
     from svdq_aot.host_ir import serialize_host
     from svdq_loader.hostvm import HostProgram
@@ -202,8 +213,8 @@ def test_compile_produces_a_clean_gemv_cubin(knobs, tmp_path):
     lay = plan.GEMV_LAYOUTS[knobs["tile_n"]]
     assert usage["stack_frame_bytes"] == 0
     # ctas_per_sm CTAs' registers fit the SM's 64 K (allocated per warp in units of 256)
-    regs = -(-usage["registers"] * 32 // 256) * 256
-    assert 0 < lay.ctas_per_sm * lay.warps * regs <= 65536, usage
+    assert lay.fits_registers(usage["registers"]), usage
+    assert not lay.fits_registers(65536 // (lay.ctas_per_sm * lay.threads) + 8)
     assert ck.smem_bytes == lay.smem_bytes
     sass = sass_of_cubin(ck.cubin, tmp_path)
     assert not re.search(r"\b(STL|LDL)\b", sass)
