@@ -20,6 +20,9 @@ handshake:
   tasks per phase) -- its own bytes again -- into a double-buffered, XOR-swizzled fp16 tile that the warps read with ``ldmatrix``.  One CTA barrier
   per phase; the weight copies keep flowing across it.  Decode and scale bookkeeping are the wgmma form's
   (``e2m1 · 2^-14`` times ``scale · 2^7`` on both operands, exact in fp16; the epilogue multiplies by 2^14).
+* **tile_m 16** (M <= 16 per tile): instead of the phase double buffer, 8 phases of decoded activations are
+  resident at a time (``sm90_plan.GEMV_CHUNK``), so the loop has two CTA barriers per 16 k-tiles; the raw bytes
+  of chunk q + 2 ride in the group of chunk q's first k-tile, into the second of two raw chunk buffers.
 * **Split K over a cluster** of S CTAs, S chosen by the host code at launch: the largest power of two up to 8
   that is at most ``ctas_per_sm·sm_count // tiles`` (``sm90_plan.GEMV_LAYOUTS``: 2 CTAs of tile_n 128 or 3 of
   tile_n 64 fit an SM) and ``k // 128`` (``split_of``).  CTA rank r takes
@@ -43,16 +46,14 @@ from cutlass import Float32, Int32, Int64
 
 from .quantize_act import (_asm, _cp_async4 as _cp4, _cp_async16_cg as _cp16, _cp_commit, _cp_wait, _lds_u32, _lds_v4,
                            _mma)
-from .sm90_plan import GEMV_LAYOUTS, GEMV_TILE_M
+from .sm90_plan import GEMV_CHUNK, gemv_layout
 from .sm90_decode_ptx import (_adecode_prmt, _bcast, _byte_form, _ld_cluster_v4f, _scales_x128, _sts_v4f,
                               _wdecode)
 
-TILE_M = GEMV_TILE_M   # activation rows per CTA (8 n8 blocks)
 PHASE_K = 128          # k per activation phase (two 64-k k-tiles)
-TASKS = 256            # activation copy / decode tasks per phase: 64 rows x four 32-k chunks
 MAX_SPLIT = 8          # portable cluster size
-_R_SLOT = TASKS * 16 + TASKS * 4
-_A_BUF = 2 * TILE_M * 128          # one phase of decoded activations: 2 k-tiles x 64 rows x 128 bytes
+_A_BUF = 2 * 64 * 128  # tile_m 64: one phase of decoded activations (2 k-tiles x 64 rows x 128 bytes)
+_A_PH16 = 2 * 16 * 128  # tile_m 16: one phase of decoded activations (2 k-tiles x 16 rows x 128 bytes)
 _ACC_UNSCALE = float(2 ** 14)
 
 
@@ -125,10 +126,12 @@ class _Sm90Gemv:
         self.cfg = cfg
         self.rank = cfg.rank
         self.dt = cfg.out_dtype
-        self.lay = GEMV_LAYOUTS[cfg.tile_n]
-        self.tn, self.threads, self.ring = cfg.tile_n, self.lay.threads, self.lay.ring
+        self.lay = gemv_layout(cfg)
+        self.tm, self.tn, self.threads, self.ring = cfg.tile_m, cfg.tile_n, self.lay.threads, self.lay.ring
         self.raw_slots = self.lay.raw_slots
-        self.tasks = TASKS // self.threads          # activation tasks per thread (1 or 2)
+        self.r_slot = self.lay.raw_tasks * 20       # bytes of one raw slot (16 raw + 4 scale bytes per task)
+        self.tasks = self.lay.raw_tasks // self.threads     # activation tasks per thread per slot (1, 2 or 4)
+        self.nacc = 4 * (self.tm // 8)              # fp32 accumulators per thread: one m16n8 C per n8 block
         self.prefetch = cfg.prefetch                # k-tiles of weight words read and decoded per ring wait
         self.smem_bytes = self.lay.smem_bytes
 
@@ -137,7 +140,7 @@ class _Sm90Gemv:
                  lora_act_in: cute.Pointer, lora_up: cute.Pointer, wcscale: cute.Pointer, bias: cute.Pointer,
                  out: cute.Pointer, m: cutlass.Int32, n: cutlass.Int32, k: cutlass.Int32,
                  sm_count: cutlass.Int32, stream: cuda.CUstream):
-        tiles = ((m + (TILE_M - 1)) // TILE_M) * (n // self.tn)
+        tiles = ((m + (self.tm - 1)) // self.tm) * (n // self.tn)
         x = cutlass.min(cutlass.max(1, (self.lay.ctas_per_sm * sm_count) // tiles), k // PHASE_K)
         split = cutlass.select_(x >= 8, 8, cutlass.select_(x >= 4, 4, cutlass.select_(x >= 2, 2, 1)))
         self.kernel(act, ascales, wgt, wscales, lora_act_in, lora_up, wcscale, bias, out, m, n, k).launch(
@@ -160,7 +163,7 @@ class _Sm90Gemv:
         RING, T, NT = self.ring, self.tasks, self.threads
         tiles_n = n // self.tn
         tm_i = tile // tiles_n
-        m0 = tm_i * TILE_M
+        m0 = tm_i * self.tm
         n0 = (tile - tm_i * tiles_n) * self.tn
         mrem = m - m0                                  # rows of this tile that exist (>= 1)
         ph0, nph = phase_share(rank, k // PHASE_K, S)
@@ -182,126 +185,187 @@ class _Sm90Gemv:
         ssrc = p_wsc.toint() + (Int64(nb) * KT * 32 + t128 // 4) * 8       # + kt * 256
         kt_abs0 = 2 * ph0
 
-        # ---- this thread's activation tasks (task = tid + i * threads): row task // 4, 32 k at 32 * (task % 4)
-        # of each phase; a task's raw bytes sit at task * 16 (scales at 4096 + task * 4) of a raw slot --------
-        rring, rsring, arow, akc, arow_ok, asrc, scsrc = [], [], [], [], [], [], []
+        # ---- this thread's activation tasks (task = tid + i * threads): row (task % 64) // 4, 32 k at
+        # 32 * (task % 4) of phase task // 64 of the slot (tile_m 64: one phase per slot, so phase 0); a task's raw
+        # bytes sit at task * 16 of a raw slot, its scales at raw_tasks * 16 + task * 4 -----------------------
+        rring, rsring, arow, akc, apq, arow_ok, asrc, scsrc = [], [], [], [], [], [], [], []
         for i in cutlass.range_constexpr(T):
             task = tid + i * NT
             rring.append(sb + lay.r_ring_at + task * 16)
-            rsring.append(sb + lay.r_ring_at + TASKS * 16 + task * 4)
-            arow.append(task // 4)
+            rsring.append(sb + lay.r_ring_at + lay.raw_tasks * 16 + task * 4)
+            if cutlass.const_expr(self.tm == 64):
+                arow.append(task // 4)
+                apq.append(0)
+            else:
+                arow.append((task % 64) // 4)
+                apq.append(task // 64)
             akc.append(task % 4)
             arow_ok.append(Int32(arow[i] < mrem))
             arow_c = cutlass.min(m0 + arow[i], m - 1)
-            asrc.append(p_act.toint() + Int64(arow_c) * (k // 2) + 16 * akc[i])            # + phase * 64
-            scsrc.append(p_asc.toint() + Int64(arow_c) * (k // 16) + 4 * (akc[i] // 2))    # + phase * 8
+            asrc.append(p_act.toint() + Int64(arow_c) * (k // 2) + 16 * akc[i] + 64 * apq[i])       # + phase * 64
+            scsrc.append(p_asc.toint() + Int64(arow_c) * (k // 16) + 4 * (akc[i] // 2) + 8 * apq[i])  # + phase * 8
 
         c = self._Ctx()
         for name in ("nk", "nph", "ph0", "kt_abs0", "wring", "sring", "rring", "rsring", "abuf", "wsrc", "ssrc",
-                     "asrc", "scsrc", "arow", "akc", "RING", "NT"):
+                     "asrc", "scsrc", "arow", "akc", "apq", "RING", "NT"):
             setattr(c, name, locals()[name])
 
-        # ---- prologue: groups 0 .. RING-2 carry weight k-tiles 0 .. RING-2; raw phase q >= 1 rides in the
-        # group of k-tile 2q - 2, phase 0 in group 0 ------------------------------------------------------
-        for j in cutlass.range_constexpr(RING - 1):
-            if j < nk:
-                self._copy_w(c, j)
-            for i in cutlass.range_constexpr(T):
-                if arow_ok[i] != 0:
-                    if cutlass.const_expr(j == 0):
-                        self._copy_raw(c, 0, i)
-                    if cutlass.const_expr(j % 2 == 0):
-                        if raw_phase_of_group(j) < nph:
-                            self._copy_raw(c, raw_phase_of_group(j), i)
-            _cp_commit()
-        _cp_wait(RING - 2)
-        for i in cutlass.range_constexpr(T):
-            if arow_ok[i] != 0:
-                self._decode_raw(c, 0, i)
-        cute.arch.sync_threads()
-
-        acc = cute.make_rmem_tensor((32,), Float32)
+        acc = cute.make_rmem_tensor((self.nacc,), Float32)
         acc.fill(0.0)
         afr = cute.make_rmem_tensor((16 * self.prefetch,), Int32)       # A fragments of 1 or 2 k-tiles
-        # ldmatrix: lane L points at row 8 * (L // 16) + L % 8 of the pair of n8 blocks, k half (L // 8) % 2
+        # ldmatrix: lane L points at row 8 * (L // 16) + L % 8 of a pair of n8 blocks, k half (L // 8) % 2; the
+        # swizzled byte offsets within a k-tile (row % 8 == L % 8 for every pair) do not change in the loop
         lrow = 8 * (lane // 16) + lane % 8
         lkh = (lane // 8) % 2
         xoff = [lrow * 128 + swizzled_chunk(lane % 8, 2 * kb + lkh) * 16 for kb in range(4)]
-        P1 = self.prefetch == 1
-        for ph in cutlass.range(0, nph, 1, unroll=1):
-            # prefetch 1, per k-tile: wait for its group, read its words, refill the ring, decode, MMA.  prefetch 2,
-            # per phase: one wait for both k-tiles (groups <= 2ph+1), both words and both decodes, then the refills
-            # (the slot of k-tile 2ph, which k-tile 2ph + RING re-uses, is consumed by then), then the MMAs
-            if cutlass.const_expr(not P1):
-                _cp_wait(RING - 3)
-                wvs = [_lds_v4(wring + ((2 * ph + h) % RING) * (NT * 16)) for h in range(2)]
-                svs = [_lds_v2(sring + ((2 * ph + h) % RING) * (NT * 8)) for h in range(2)]
-                for h in cutlass.range_constexpr(2):
-                    self._decode_w(wvs[h], svs[h], afr, 16 * h)
-            for h in cutlass.range_constexpr(2):
-                kt = 2 * ph + h
-                if cutlass.const_expr(P1):
-                    _cp_wait(RING - 2)
-                    slot = kt % RING
-                    wv = _lds_v4(wring + slot * (NT * 16))
-                    sv = _lds_v2(sring + slot * (NT * 8))
-                j = kt + RING - 1
+        if cutlass.const_expr(self.tm == 16):
+            # ---- tile_m 16: chunks of CH phases resident.  Group 0 carries raw chunks 0 and 1 (and weight k-tile
+            # 0); raw chunk q >= 2 rides in the group of chunk q - 2's first k-tile; chunk q is decoded after the
+            # last k-tile of chunk q - 1 (every warp is past it: one barrier before, one after) ------------------
+            CH = GEMV_CHUNK
+            nch = (nph + (CH - 1)) // CH
+            for j in cutlass.range_constexpr(RING - 1):
                 if j < nk:
                     self._copy_w(c, j)
-                if cutlass.const_expr((h + RING - 1) % 2 == 0):
+                if cutlass.const_expr(j == 0):
                     for i in cutlass.range_constexpr(T):
                         if arow_ok[i] != 0:
+                            if apq[i] < nph:
+                                self._copy_raw(c, 0, i)
+                            if CH + apq[i] < nph:
+                                self._copy_raw(c, 1, i)
+                _cp_commit()
+            _cp_wait(RING - 2)
+            for i in cutlass.range_constexpr(T):
+                if arow_ok[i] != 0:
+                    if apq[i] < nph:
+                        self._decode_raw(c, 0, i)
+            cute.arch.sync_threads()
+            for cq in cutlass.range(0, nch, 1, unroll=1):
+                pn = cutlass.min(CH, nph - CH * cq)
+                for pl in cutlass.range(0, pn, 1, unroll=1):
+                    for h in cutlass.range_constexpr(2):
+                        kt = 2 * (CH * cq + pl) + h
+                        wv, sv = self._read_w(c, kt)
+                        j = kt + RING - 1
+                        if j < nk:
+                            self._copy_w(c, j)
+                        if cutlass.const_expr(h == 0):
+                            if pl == 0:
+                                for i in cutlass.range_constexpr(T):
+                                    if arow_ok[i] != 0:
+                                        if CH * (cq + 2) + apq[i] < nph:
+                                            self._copy_raw(c, cq + 2, i)
+                        _cp_commit()
+                        self._decode_w(wv, sv, afr, 0)
+                        tbase = abuf + (2 * pl + h) * (16 * 128)
+                        for kb in cutlass.range_constexpr(4):
+                            bf = _ldsm_x4(tbase + xoff[kb])
+                            a = [afr[4 * kb + q] for q in range(4)]
+                            for e in cutlass.range_constexpr(2):
+                                res = _mma("fp16", [acc[4 * e + q] for q in range(4)], a, [bf[2 * e], bf[2 * e + 1]])
+                                for q in cutlass.range_constexpr(4):
+                                    acc[4 * e + q] = res[q]
+                cute.arch.sync_threads()
+                if cq + 1 < nch:
+                    for i in cutlass.range_constexpr(T):
+                        if arow_ok[i] != 0:
+                            if CH * (cq + 1) + apq[i] < nph:
+                                self._decode_raw(c, cq + 1, i)
+                    cute.arch.sync_threads()
+        else:
+            # ---- prologue: groups 0 .. RING-2 carry weight k-tiles 0 .. RING-2; raw phase q >= 1 rides in the
+            # group of k-tile 2q - 2, phase 0 in group 0 ------------------------------------------------------
+            for j in cutlass.range_constexpr(RING - 1):
+                if j < nk:
+                    self._copy_w(c, j)
+                for i in cutlass.range_constexpr(T):
+                    if arow_ok[i] != 0:
+                        if cutlass.const_expr(j == 0):
+                            self._copy_raw(c, 0, i)
+                        if cutlass.const_expr(j % 2 == 0):
                             if raw_phase_of_group(j) < nph:
                                 self._copy_raw(c, raw_phase_of_group(j), i)
                 _cp_commit()
-                if cutlass.const_expr(P1):
-                    self._decode_w(wv, sv, afr, 0)
-                    tbase = abuf + (ph % 2) * _A_BUF + h * (TILE_M * 128)
+            _cp_wait(RING - 2)
+            for i in cutlass.range_constexpr(T):
+                if arow_ok[i] != 0:
+                    self._decode_raw(c, 0, i)
+            cute.arch.sync_threads()
+
+            P1 = self.prefetch == 1
+            for ph in cutlass.range(0, nph, 1, unroll=1):
+                # prefetch 1, per k-tile: wait for its group, read its words, refill the ring, decode, MMA.  prefetch 2,
+                # per phase: one wait for both k-tiles (groups <= 2ph+1), both words and both decodes, then the refills
+                # (the slot of k-tile 2ph, which k-tile 2ph + RING re-uses, is consumed by then), then the MMAs
+                if cutlass.const_expr(not P1):
+                    _cp_wait(RING - 3)
+                    wvs = [_lds_v4(wring + ((2 * ph + h) % RING) * (NT * 16)) for h in range(2)]
+                    svs = [_lds_v2(sring + ((2 * ph + h) % RING) * (NT * 8)) for h in range(2)]
+                    for h in cutlass.range_constexpr(2):
+                        self._decode_w(wvs[h], svs[h], afr, 16 * h)
+                for h in cutlass.range_constexpr(2):
+                    kt = 2 * ph + h
+                    if cutlass.const_expr(P1):
+                        wv, sv = self._read_w(c, kt)
+                    j = kt + RING - 1
+                    if j < nk:
+                        self._copy_w(c, j)
+                    if cutlass.const_expr((h + RING - 1) % 2 == 0):
+                        for i in cutlass.range_constexpr(T):
+                            if arow_ok[i] != 0:
+                                if raw_phase_of_group(j) < nph:
+                                    self._copy_raw(c, raw_phase_of_group(j), i)
+                    _cp_commit()
+                    if cutlass.const_expr(P1):
+                        self._decode_w(wv, sv, afr, 0)
+                        tbase = abuf + (ph % 2) * _A_BUF + h * (64 * 128)
+                        for bp in cutlass.range_constexpr(4):
+                            if 16 * bp < mrem:
+                                r = 16 * bp + lrow
+                                for kb in cutlass.range_constexpr(4):
+                                    bf = _ldsm_x4(tbase + r * 128 + swizzled_chunk(r, 2 * kb + lkh) * 16)
+                                    a = [afr[4 * kb + i] for i in range(4)]
+                                    for e in cutlass.range_constexpr(2):
+                                        o = 4 * (2 * bp + e)
+                                        cur = [acc[o + i] for i in range(4)]
+                                        res = _mma("fp16", cur, a, [bf[2 * e], bf[2 * e + 1]])
+                                        for i in cutlass.range_constexpr(4):
+                                            acc[o + i] = res[i]
+                if cutlass.const_expr(not P1):
+                    pbase = abuf + (ph % 2) * _A_BUF
                     for bp in cutlass.range_constexpr(4):
                         if 16 * bp < mrem:
-                            r = 16 * bp + lrow
-                            for kb in cutlass.range_constexpr(4):
-                                bf = _ldsm_x4(tbase + r * 128 + swizzled_chunk(r, 2 * kb + lkh) * 16)
-                                a = [afr[4 * kb + i] for i in range(4)]
-                                for e in cutlass.range_constexpr(2):
-                                    o = 4 * (2 * bp + e)
-                                    cur = [acc[o + i] for i in range(4)]
-                                    res = _mma("fp16", cur, a, [bf[2 * e], bf[2 * e + 1]])
-                                    for i in cutlass.range_constexpr(4):
-                                        acc[o + i] = res[i]
-            if cutlass.const_expr(not P1):
-                pbase = abuf + (ph % 2) * _A_BUF
-                for bp in cutlass.range_constexpr(4):
-                    if 16 * bp < mrem:
-                        for h in cutlass.range_constexpr(2):
-                            for kb in cutlass.range_constexpr(4):
-                                bf = _ldsm_x4(pbase + (h * TILE_M * 128 + 16 * bp * 128) + xoff[kb])
-                                a = [afr[16 * h + 4 * kb + q] for q in range(4)]
-                                for e in cutlass.range_constexpr(2):
-                                    o = 4 * (2 * bp + e)
-                                    res = _mma("fp16", [acc[o + q] for q in range(4)], a, [bf[2 * e], bf[2 * e + 1]])
-                                    for q in cutlass.range_constexpr(4):
-                                        acc[o + q] = res[q]
-            if ph + 1 < nph:
-                for i in cutlass.range_constexpr(T):
-                    if arow_ok[i] != 0:
-                        self._decode_raw(c, ph + 1, i)
-            cute.arch.sync_threads()
+                            for h in cutlass.range_constexpr(2):
+                                for kb in cutlass.range_constexpr(4):
+                                    bf = _ldsm_x4(pbase + (h * 64 * 128 + 16 * bp * 128) + xoff[kb])
+                                    a = [afr[16 * h + 4 * kb + q] for q in range(4)]
+                                    for e in cutlass.range_constexpr(2):
+                                        o = 4 * (2 * bp + e)
+                                        res = _mma("fp16", [acc[o + q] for q in range(4)], a, [bf[2 * e], bf[2 * e + 1]])
+                                        for q in cutlass.range_constexpr(4):
+                                            acc[o + q] = res[q]
+                if ph + 1 < nph:
+                    for i in cutlass.range_constexpr(T):
+                        if arow_ok[i] != 0:
+                            self._decode_raw(c, ph + 1, i)
+                cute.arch.sync_threads()
         _cp_wait(0)
 
         # ---- split K: owner warps (w % S == rank) add the other ranks' partial sums ----------------------
-        red = abuf + warp * (32 * 128) + lane * 16            # 32 KB: this thread's 32 floats, 8 x 16 bytes
+        Q = self.nacc // 4
+        red = abuf + warp * (512 * Q) + lane * 16        # this thread's nacc floats, Q x 16 bytes, 512 apart
         owner = Int32((warp % S) == rank)
         if S > 1:
             if owner == 0:
-                for i in cutlass.range_constexpr(8):
+                for i in cutlass.range_constexpr(Q):
                     _sts_v4f(red + i * 512, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3])
             cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
             if owner != 0:
                 for r in cutlass.range(0, S, 1, unroll=1):
                     if r != rank:
-                        for i in cutlass.range_constexpr(8):
+                        for i in cutlass.range_constexpr(Q):
                             v = _ld_cluster_v4f(red + i * 512, r)
                             for e in cutlass.range_constexpr(4):
                                 acc[4 * i + e] = acc[4 * i + e] + v[e]
@@ -313,6 +377,12 @@ class _Sm90Gemv:
 
     class _Ctx:
         """Trace-time bag of the kernel's per-thread addresses (the helpers below stay out of the AST rewrite)."""
+
+    def _read_w(self, c, kt):
+        """Wait for k-tile kt's group (RING - 1 in flight), then this thread's weight words and scale bytes."""
+        _cp_wait(c.RING - 2)
+        slot = kt % c.RING
+        return _lds_v4(c.wring + slot * (c.NT * 16)), _lds_v2(c.sring + slot * (c.NT * 8))
 
     def _decode_w(self, wv, sv, afr, at):
         """One k-tile's weight words and scale bytes -> its 16 A fragment registers afr[at .. at+16) (exact fp16)."""
@@ -331,21 +401,25 @@ class _Sm90Gemv:
         _cp8(c.sring + slot * (c.NT * 8), c.ssrc + kt * 256)
 
     def _copy_raw(self, c, q, i):
-        """cp.async task i's 16 raw activation bytes and 4 scale bytes of local phase q (slot q % raw_slots)."""
+        """cp.async task i's 16 raw activation bytes and 4 scale bytes of local phase q (tile_m 64) or of its phase
+        in local chunk q (tile_m 16) into raw slot q % raw_slots."""
         slot = q % self.raw_slots
-        ph = Int64(c.ph0 + q)
-        _cp16(c.rring[i] + slot * _R_SLOT, c.asrc[i] + ph * 64)
-        _cp4(c.rsring[i] + slot * _R_SLOT, c.scsrc[i] + ph * 8)
+        ph = Int64(c.ph0 + q * (1 if self.tm == 64 else GEMV_CHUNK))
+        _cp16(c.rring[i] + slot * self.r_slot, c.asrc[i] + ph * 64)
+        _cp4(c.rsring[i] + slot * self.r_slot, c.scsrc[i] + ph * 8)
 
     def _decode_raw(self, c, q, i):
         """Phase q's chunk of task i (this thread's own copy) -> the fp16 tile buffer q % 2 (swizzled rows)."""
         slot = q % self.raw_slots
-        raw = _lds_v4(c.rring[i] + slot * _R_SLOT)
-        s4 = _lds_u32(c.rsring[i] + slot * _R_SLOT)
+        raw = _lds_v4(c.rring[i] + slot * self.r_slot)
+        s4 = _lds_u32(c.rsring[i] + slot * self.r_slot)
         akc, arow = c.akc[i], c.arow[i]
         s2 = _scales_x128((s4 >> (16 * (akc % 2))) & 0xFFFF)
         sc = (_bcast(s2, 0), _bcast(s2, 1))
-        dst0 = c.abuf + (q % 2) * _A_BUF + (akc // 2) * (TILE_M * 128) + arow * 128
+        if self.tm == 64:       # phase q -> buffer q % 2: [k-tile][64 rows][128 bytes]
+            dst0 = c.abuf + (q % 2) * _A_BUF + (akc // 2) * (64 * 128) + arow * 128
+        else:                   # the chunk's phase apq -> [phase][k-tile][16 rows][128 bytes]
+            dst0 = c.abuf + c.apq[i] * _A_PH16 + (akc // 2) * (16 * 128) + arow * 128
         for w in range(4):
             lo, hi = _byte_form(raw[w], 0), _byte_form(raw[w], 1)
             d = [_adecode_prmt(lo, hi, sc[w // 2], b) for b in range(4)]
@@ -361,7 +435,7 @@ class _Sm90Gemv:
                 coef.append(_ldg_f32(p_wc.toint() + Int64(rows[h]) * 4) * Float32(_ACC_UNSCALE))
             else:
                 coef.append(Float32(_ACC_UNSCALE))
-        for i in range(32):
+        for i in range(self.nacc):
             acc[i] = acc[i] * coef[(i // 2) % 2]
         R = self.rank
         if cutlass.const_expr(R > 0):
@@ -372,7 +446,7 @@ class _Sm90Gemv:
                 a = [_ldg_u32(lub + (Int64(rows[0]) * R + rk) * 2), _ldg_u32(lub + (Int64(rows[1]) * R + rk) * 2),
                      _ldg_u32(lub + (Int64(rows[0]) * R + rk + 8) * 2),
                      _ldg_u32(lub + (Int64(rows[1]) * R + rk + 8) * 2)]
-                for b in range(8):
+                for b in range(self.tm // 8):
                     mr = cutlass.min(m0 + 8 * b + g, m - 1)
                     bb = [_ldg_u32(lab + (Int64(mr) * R + rk) * 2), _ldg_u32(lab + (Int64(mr) * R + rk + 8) * 2)]
                     res = _mma(self.dt, [acc[4 * b + i] for i in range(4)], a, bb)
@@ -380,10 +454,10 @@ class _Sm90Gemv:
                         acc[4 * b + i] = res[i]
         if cutlass.const_expr(self.cfg.bias):
             bv = [_ldg_f32(p_bias.toint() + Int64(rows[h]) * 4) for h in range(2)]
-            for i in range(32):
+            for i in range(self.nacc):
                 acc[i] = acc[i] + bv[(i // 2) % 2]
         ob = p_out.toint()
-        for b in range(8):
+        for b in range(self.tm // 8):
             for i in range(4):
                 col = 8 * b + 2 * c4 + i % 2            # activation row within the tile
                 ok = Int32(col < mrem)

@@ -58,20 +58,25 @@ def _lora_chunk(rank: int) -> int:
     return 16
 
 
-#: schedule "gemv" (sm90_gemv_kernel): its tiles (tile_m 64; tile_n 128 = 8 warps, 64 = 4 warps), and the knob
-#: values it has (it has no stages, weight sets or act forms: anything else would only duplicate a variant)
-GEMV_TILE_M = 64
+#: schedule "gemv" (sm90_gemv_kernel): the knob values it has (it has no stages, weight sets or act forms: anything
+#: else would only duplicate a variant).  gemv's `prefetch`: k-tiles of weight words read and decoded per ring wait
+#: (1: per k-tile, the form that ran on the H200; 2: both k-tiles of a 128-k phase after one wait, compiled only)
 GEMV_FIXED = dict(stages=4, skip_pad=True, act_decode="prmt", wsets=2, act_source="nvfp4")
-#: gemv's `prefetch`: k-tiles of weight words read and decoded per ring wait (1: per k-tile, the form that ran on the
-#: H200; 2: both k-tiles of a 128-k phase after one wait, compiled only)
+#: gemv activation phases decoded at a time at tile_m 16 (a resident chunk: 8 x 4 KB)
+GEMV_CHUNK = 8
 
 
 @dataclasses.dataclass(frozen=True)
 class GemvLayout:
-    """One gemv tile's threads, rings and SMEM (bytes): a per-thread weight ring of `ring` k-tiles (16 weight and 8
-    scale bytes per thread each), `raw_slots` activation phases of 256 copy tasks (16 + 4 bytes each), two decoded
-    fp16 phases of 64 rows x 128 k; `ctas_per_sm` of them fit an SM (registers and SMEM), which the launch-time
-    split assumes."""
+    """One gemv tile's threads, rings and SMEM (bytes); `ctas_per_sm` of them fit an SM (registers and SMEM), which
+    the launch-time split assumes.
+
+    * a per-thread weight ring of `ring` k-tiles (16 weight and 8 scale bytes per thread each);
+    * tile_m 64: `ring / 2 + 1` raw activation slots of one 128-k phase each (256 copy tasks of 16 + 4 bytes) and two
+      decoded fp16 phases of 64 rows (a double buffer, one CTA barrier per phase);
+    * tile_m 16: two raw chunk buffers of GEMV_CHUNK phases (512 tasks of 16 + 4 bytes) and one decoded chunk of
+      GEMV_CHUNK phases of 16 rows (two CTA barriers per chunk)."""
+    tile_m: int
     tile_n: int
     ring: int
     ctas_per_sm: int
@@ -86,7 +91,13 @@ class GemvLayout:
 
     @property
     def raw_slots(self) -> int:
-        return self.ring // 2 + 1
+        """Raw activation slots: phases (tile_m 64) or chunks (tile_m 16)."""
+        return self.ring // 2 + 1 if self.tile_m == 64 else 2
+
+    @property
+    def raw_tasks(self) -> int:
+        """16-byte copy tasks per raw slot (each also copies 4 scale bytes)."""
+        return 256 if self.tile_m == 64 else 4 * 16 * GEMV_CHUNK
 
     @property
     def w_ring_at(self) -> int:
@@ -102,7 +113,11 @@ class GemvLayout:
 
     @property
     def a_buf_at(self) -> int:
-        return self.r_ring_at + self.raw_slots * 256 * 20
+        return self.r_ring_at + self.raw_slots * self.raw_tasks * 20
+
+    @property
+    def a_buf_bytes(self) -> int:
+        return 2 * 2 * 64 * 128 if self.tile_m == 64 else GEMV_CHUNK * 2 * 16 * 128
 
     def fits_registers(self, registers: int) -> bool:
         """Whether `ctas_per_sm` CTAs at `registers` per thread fit an SM's 64 K (allocated per warp, in 256s)."""
@@ -110,12 +125,18 @@ class GemvLayout:
 
     @property
     def smem_bytes(self) -> int:
-        return (self.a_buf_at + 2 * 2 * GEMV_TILE_M * 128 + 1023) // 1024 * 1024
+        return (self.a_buf_at + self.a_buf_bytes + 1023) // 1024 * 1024
 
 
-#: tile_n -> layout.  128: the form that ran on the H200 (session 9).  64: half the rows per CTA, so N = 3072 gives
-#: 48 tiles x 8 ranks = 384 CTAs, three per SM on 132 SMs (a ring of 6 keeps 3 x 71 KB within an SM's 228 KB)
-GEMV_LAYOUTS = {128: GemvLayout(128, ring=8, ctas_per_sm=2), 64: GemvLayout(64, ring=6, ctas_per_sm=3)}
+#: (tile_m, tile_n) -> layout.  (64, 128): the form that ran on the H200 (session 9).  tile_n 64: half the rows per
+#: CTA, so N = 3072 gives 48 tiles x 8 ranks = 384 CTAs, three per SM on 132 SMs (a ring of 6 keeps three CTAs
+#: within an SM's 228 KB).  tile_m 16 (M <= 16 per tile): the activations of 8 phases resident at a time
+GEMV_LAYOUTS = {(64, 128): GemvLayout(64, 128, ring=8, ctas_per_sm=2), (64, 64): GemvLayout(64, 64, ring=6, ctas_per_sm=3),
+                (16, 128): GemvLayout(16, 128, ring=8, ctas_per_sm=2), (16, 64): GemvLayout(16, 64, ring=6, ctas_per_sm=3)}
+
+
+def gemv_layout(cfg: _Cfg) -> GemvLayout:
+    return GEMV_LAYOUTS[(cfg.tile_m, cfg.tile_n)]
 
 
 def is_gemv(cfg: _Cfg) -> bool:
@@ -128,7 +149,7 @@ def _smem_plan(cfg: _Cfg) -> dict[str, int]:
     the next tile while the consumers run the epilogue, so the LoRA chunk has its own bytes after the stages,
     and the ring's 2 x stages mbarriers (8 bytes each) come last."""
     if is_gemv(cfg):
-        total = GEMV_LAYOUTS[cfg.tile_n].smem_bytes
+        total = gemv_layout(cfg).smem_bytes
         return dict(main_bytes=total, lora_bytes=0, total_bytes=total, lu_offset=0, la_offset=0, bar_offset=-1)
     main = cfg.stages * cfg.tile_m * TILE_K * 2
     lora = (cfg.tile_n + cfg.tile_m) * _lora_chunk(cfg.rank) * 2 if cfg.rank else 0
@@ -146,12 +167,15 @@ def _smem_plan(cfg: _Cfg) -> dict[str, int]:
 
 
 def _gemv_problem(cfg: _Cfg) -> Optional[str]:
-    if cfg.tile_m != GEMV_TILE_M or cfg.tile_n not in GEMV_LAYOUTS:
-        tiles = " or ".join(f"{GEMV_TILE_M}x{t}" for t in GEMV_LAYOUTS)
+    if (cfg.tile_m, cfg.tile_n) not in GEMV_LAYOUTS:
+        tiles = ", ".join(f"{a}x{b}" for a, b in GEMV_LAYOUTS)
         return (f"schedule gemv with tile {cfg.tile_m}x{cfg.tile_n}: its tiles are {tiles} (warps of 16 weight rows; "
-                f"the n8 blocks of rows >= M are skipped, so one tile_m serves every M)")
-    lay = GEMV_LAYOUTS[cfg.tile_n]
-    if lay.ctas_per_sm == 2 and cfg.prefetch == 2 and cfg.rank > 64:
+                f"tile_m 64 skips the n8 blocks of rows >= M, tile_m 16 keeps 8 phases of activations resident)")
+    lay = gemv_layout(cfg)
+    if lay.tile_m == 16 and cfg.prefetch != 1:
+        return (f"schedule gemv with tile_m 16 and prefetch {cfg.prefetch}: the resident-chunk loop reads and decodes "
+                f"one k-tile per ring wait (prefetch 1)")
+    if lay.tile_m == 64 and lay.ctas_per_sm == 2 and cfg.prefetch == 2 and cfg.rank > 64:
         return (f"schedule gemv with tile_n {cfg.tile_n}, prefetch 2 and rank {cfg.rank}: two k-tiles of fragments and "
                 f"the LoRA epilogue take 136-142 registers (measured at ranks 80-256), over the "
                 f"{65536 // (2 * lay.threads)} that {lay.ctas_per_sm} CTAs of {lay.threads} threads per SM allow")
@@ -256,5 +280,5 @@ def threads_of(cfg: _Cfg) -> int:
     """Threads per CTA: two warpgroups (coop), a producer warpgroup and two MMA warpgroups (ws*), or one warp per 16
     weight rows (gemv)."""
     if is_gemv(cfg):
-        return GEMV_LAYOUTS[cfg.tile_n].threads
+        return gemv_layout(cfg).threads
     return WS_THREADS if is_ws(cfg) else THREADS

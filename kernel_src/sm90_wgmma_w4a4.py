@@ -31,7 +31,7 @@ NAME = "sm90_wgmma_w4a4"
 TUNING: dict[str, tuple] = dict(
     # activation rows per tile (the wgmma N extent); 64 only with a warp-specialised schedule or gemv (for M <= 64:
     # half the MMA work of the 128-row tile where most rows are padding)
-    tile_m=(64, 128, 256),
+    tile_m=(16, 64, 128, 256),   # 16: the gemv form only
     # weight rows per tile: two MMA warpgroups of tile_n/128 64-row wgmma atoms each.  256 only with
     # schedule ws (coop spilled: 8-byte stack frame at 255 registers, rank 64 and 128)
     tile_n=(64, 128, 256),   # 64: the gemv form only (one 64-row fragment block, 4 warps)
@@ -246,8 +246,8 @@ def compile(arch: str, knobs: dict, name: str, dump_dir: str, *, keep_ptx: bool 
     problem = static_problem(_read_ptx(dump_dir, ck.entry, arch, keep_ptx), ck.resource_usage,
                              "mma.sync.aligned.m16n8k16" if is_gemv(cfg) else "wgmma.mma_async")
     if problem is None and is_gemv(cfg):
-        from .sm90_plan import GEMV_LAYOUTS
-        lay = GEMV_LAYOUTS[cfg.tile_n]
+        from .sm90_plan import gemv_layout
+        lay = gemv_layout(cfg)
         for sym, u in ck.resource_usage.items():
             if not lay.fits_registers(u["registers"]):
                 problem = (f"kernel {sym}: {u['registers']} registers leave fewer than the {lay.ctas_per_sm} CTAs "

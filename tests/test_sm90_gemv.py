@@ -32,13 +32,16 @@ def gemv_knobs(out_dtype="bf16", rank=32, wcscale=True, bias=True, **kw):
 # the validity predicate: one tile, no knobs of the wgmma forms
 # --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("tile_n", sorted(plan.GEMV_LAYOUTS))
-def test_gemv_accepts_its_forms_at_every_rank(tile_n):
+@pytest.mark.parametrize("tile", sorted(plan.GEMV_LAYOUTS))
+def test_gemv_accepts_its_forms_at_every_rank(tile):
+    tile_m, tile_n = tile
     for r in sm90.FEATURE_VALUES["rank"]:
         for dt in ("fp16", "bf16"):
-            assert sm90.invalid_reason(ARCH, gemv_knobs(dt, r, tile_n=tile_n)) is None, (dt, r)
-    k = gemv_knobs(tile_n=tile_n)
-    lay = plan.GEMV_LAYOUTS[tile_n]
+            assert sm90.invalid_reason(ARCH, gemv_knobs(dt, r, tile_m=tile_m, tile_n=tile_n)) is None, (dt, r)
+            pf2 = sm90.invalid_reason(ARCH, gemv_knobs(dt, r, tile_m=tile_m, tile_n=tile_n, prefetch=2))
+            assert (pf2 is None) == (tile_m == 64 and (tile_n == 64 or r <= 64)), (dt, r, pf2)
+    k = gemv_knobs(tile_m=tile_m, tile_n=tile_n)
+    lay = plan.GEMV_LAYOUTS[tile]
     assert sm90.threads_for(k) == lay.threads == 2 * tile_n
     assert sm90.smem_bytes_for(k) == lay.smem_bytes
     # ctas_per_sm CTAs per SM (each also pays the driver's 1 KiB); one fewer would not hold the next
@@ -48,9 +51,13 @@ def test_gemv_accepts_its_forms_at_every_rank(tile_n):
     # the layout's regions do not overlap and hold what the kernel puts there
     assert lay.s_ring_at == lay.ring * lay.threads * 16
     assert lay.r_ring_at == lay.s_ring_at + lay.ring * lay.threads * 8
-    assert lay.a_buf_at == lay.r_ring_at + lay.raw_slots * gv._R_SLOT
-    assert lay.smem_bytes >= lay.a_buf_at + 2 * gv._A_BUF
-    assert lay.warps * 32 * 32 * 4 <= 2 * gv._A_BUF                     # the split-K partials fit the tile buffers
+    assert lay.a_buf_at == lay.r_ring_at + lay.raw_slots * lay.raw_tasks * 20
+    assert lay.smem_bytes >= lay.a_buf_at + lay.a_buf_bytes
+    assert lay.a_buf_bytes == (2 * gv._A_BUF if tile_m == 64 else plan.GEMV_CHUNK * gv._A_PH16)
+    assert lay.raw_tasks == 4 * tile_m * (1 if tile_m == 64 else plan.GEMV_CHUNK)   # four 32-k chunks per row
+    assert lay.raw_tasks % lay.threads == 0
+    nacc = 4 * (tile_m // 8)
+    assert lay.warps * 32 * nacc * 4 <= lay.a_buf_bytes                 # the split-K partials fit the tile buffers
 
 
 def test_wgmma_forms_refuse_the_64_row_weight_tile():
@@ -61,7 +68,8 @@ def test_wgmma_forms_refuse_the_64_row_weight_tile():
 
 
 @pytest.mark.parametrize("change, words", [
-    (dict(tile_m=128), "tile 128x128: its tiles are 64x128 or 64x64"),
+    (dict(tile_m=128), "tile 128x128: its tiles are 64x128, 64x64, 16x128, 16x64"),
+    (dict(tile_m=16, prefetch=2), "tile_m 16 and prefetch 2"),
     (dict(tile_n=256), "tile 64x256"),
     (dict(stages=3), "stages 3: the gemv form has no stages knob"),
     (dict(prefetch=2, rank=80), "prefetch 2 and rank 80: two k-tiles of fragments"),
@@ -85,21 +93,24 @@ def test_static_problem_wants_the_form_s_own_mma():
 # the split chosen at launch, and each rank's phases
 # --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("tile_n, m, n, k, want", [
-    (128, 16, 3072, 3072, 8),       # 24 tiles: 8 ranks (192 CTAs on 132 SMs, two per SM)
-    (128, 64, 3072, 12288, 8),
-    (128, 16, 12288, 3072, 2),      # 96 tiles: 2 ranks
-    (128, 1, 256, 128, 1),          # one phase: no split
-    (128, 1, 256, 640, 4),          # five phases, 2 tiles: four ranks (a power of two; shares of 1 and 2)
-    (128, 1, 256, 384, 2),
-    (128, 4608, 3072, 3072, 1),     # many tiles: no split
-    (64, 16, 3072, 3072, 8),        # 48 tiles: 8 ranks, 384 CTAs, three per SM
-    (64, 16, 12288, 3072, 2),       # 192 tiles: 2 ranks
-    (64, 64, 3072, 15360, 8),
+@pytest.mark.parametrize("tile_m, tile_n, m, n, k, want", [
+    (64, 128, 16, 3072, 3072, 8),       # 24 tiles: 8 ranks (192 CTAs on 132 SMs, two per SM)
+    (64, 128, 64, 3072, 12288, 8),
+    (64, 128, 16, 12288, 3072, 2),      # 96 tiles: 2 ranks
+    (64, 128, 1, 256, 128, 1),          # one phase: no split
+    (64, 128, 1, 256, 640, 4),          # five phases, 2 tiles: four ranks (a power of two; shares of 1 and 2)
+    (64, 128, 1, 256, 384, 2),
+    (64, 128, 4608, 3072, 3072, 1),     # many tiles: no split
+    (64, 64, 16, 3072, 3072, 8),        # 48 tiles: 8 ranks, 384 CTAs, three per SM
+    (64, 64, 16, 12288, 3072, 2),       # 192 tiles: 2 ranks
+    (64, 64, 64, 3072, 15360, 8),
+    (16, 128, 16, 3072, 12288, 8),      # the same 24 tiles at M <= 16
+    (16, 128, 64, 3072, 12288, 2),      # 4 m-tiles: 96 tiles
+    (16, 64, 16, 3072, 15360, 8),
 ])
-def test_split_of(tile_n, m, n, k, want):
-    tiles = -(-m // gv.TILE_M) * (n // tile_n)
-    assert gv.split_of(tiles, 132, k // gv.PHASE_K, plan.GEMV_LAYOUTS[tile_n].ctas_per_sm) == want
+def test_split_of(tile_m, tile_n, m, n, k, want):
+    tiles = -(-m // tile_m) * (n // tile_n)
+    assert gv.split_of(tiles, 132, k // gv.PHASE_K, plan.GEMV_LAYOUTS[(tile_m, tile_n)].ctas_per_sm) == want
 
 
 def test_phase_shares_cover_every_phase_once():
@@ -117,68 +128,109 @@ def test_phase_shares_cover_every_phase_once():
 # the cp.async schedule, replayed: every read finds the bytes it wants, no copy overwrites unread bytes
 # --------------------------------------------------------------------------
 
+class _Rings:
+    """The copies a thread has committed, group by group, and what each ring slot holds: `issue` fails when a copy
+    would overwrite bytes not read yet, `landed` says whether a copy's group is complete under a wait that leaves
+    `n_pending` groups in flight."""
+
+    def __init__(self, nph: int, ring: int, raw_slots: int):
+        self.nph, self.R, self.RA = nph, ring, raw_slots
+        self.groups, self.slots = [], {"w": {}, "a": {}}
+        self.used = {"w": set(), "a": set()}
+
+    def commit(self):
+        self.groups.append([])
+
+    def issue(self, kind, x):
+        slot = x % (self.R if kind == "w" else self.RA)
+        old = self.slots[kind].get(slot)
+        assert old is None or old in self.used[kind], \
+            f"{kind}{x} overwrites {kind}{old} before it was read (nph={self.nph})"
+        self.slots[kind][slot] = x
+        self.groups[-1].append((kind, x))
+
+    def read(self, kind, x, n_pending):
+        slot = x % (self.R if kind == "w" else self.RA)
+        done = self.groups[:len(self.groups) - n_pending]
+        assert any((kind, x) in g for g in done) and self.slots[kind][slot] == x, (self.nph, kind, x)
+        self.used[kind].add(x)
+
+
 def _replay(nph: int, lay, prefetch: int) -> None:
-    """The kernel's copy / wait / read order as it issues it (prefetch 1: a wait per k-tile; 2: per phase)."""
-    R, RA = lay.ring, lay.raw_slots
+    """tile_m 64, the kernel's copy / wait / read order (prefetch 1: a wait per k-tile; 2: per phase)."""
+    R = lay.ring
     nk = 2 * nph
-    groups = []                              # per committed group: its copies [("w", kt) | ("a", q)]
-    wslot, aslot = {}, {}                    # slot -> what it holds (pending or landed)
-    consumed_w, consumed_a = set(), set()
-
-    def issue(kind, x):
-        slots, slot, used = (wslot, x % R, consumed_w) if kind == "w" else (aslot, x % RA, consumed_a)
-        old = slots.get(slot)
-        assert old is None or old in used, f"{kind}{x} overwrites {kind}{old} before it was read (nph={nph})"
-        slots[slot] = x
-        groups[-1].append((kind, x))
-
-    def landed(kind, x, n_pending):
-        return any((kind, x) in g for g in groups[:len(groups) - n_pending])
-
-    def read_w(kt, n_pending):
-        assert landed("w", kt, n_pending) and wslot[kt % R] == kt, (nph, kt)
-        consumed_w.add(kt)
+    st = _Rings(nph, R, lay.raw_slots)
 
     def refill(j):
-        groups.append([])
+        st.commit()
         if j < nk:
-            issue("w", j)
+            st.issue("w", j)
         if j % 2 == 0 and gv.raw_phase_of_group(j) < nph:      # the kernel's parity test, (h + RING - 1) even
-            issue("a", gv.raw_phase_of_group(j))
+            st.issue("a", gv.raw_phase_of_group(j))
 
     for j in range(R - 1):                   # the prologue
-        groups.append([])
+        st.commit()
         if j < nk:
-            issue("w", j)
+            st.issue("w", j)
         if j == 0:
-            issue("a", 0)
+            st.issue("a", 0)
         if j % 2 == 0 and gv.raw_phase_of_group(j) < nph:
-            issue("a", gv.raw_phase_of_group(j))
-    assert landed("a", 0, R - 2) and aslot[0] == 0
-    consumed_a.add(0)
+            st.issue("a", gv.raw_phase_of_group(j))
+    st.read("a", 0, R - 2)
     for ph in range(nph):
         if prefetch == 1:
             for h in range(2):
-                read_w(2 * ph + h, R - 2)
+                st.read("w", 2 * ph + h, R - 2)
                 refill(2 * ph + h + R - 1)
         else:
             for h in range(2):
-                read_w(2 * ph + h, R - 3)
+                st.read("w", 2 * ph + h, R - 3)
             for h in range(2):
                 refill(2 * ph + h + R - 1)
         if ph + 1 < nph:
-            q = ph + 1
             # the last wait (before the phase's last refill) left groups <= 2ph+1 landed: R - 1 groups since
-            assert landed("a", q, R - 1) and aslot[q % RA] == q, (nph, q)
-            consumed_a.add(q)
-    assert consumed_w == set(range(nk)) and consumed_a == set(range(nph))
+            st.read("a", ph + 1, R - 1)
+    assert st.used["w"] == set(range(nk)) and st.used["a"] == set(range(nph))
+
+
+def _replay_chunks(nph: int, lay) -> None:
+    """tile_m 16: raw chunks of GEMV_CHUNK phases in two slots, decoded a chunk at a time (the kernel's order)."""
+    R, CH = lay.ring, plan.GEMV_CHUNK
+    nk, nch = 2 * nph, -(-nph // CH)
+    st = _Rings(nph, R, lay.raw_slots)
+    for j in range(R - 1):
+        st.commit()
+        if j < nk:
+            st.issue("w", j)
+        if j == 0:
+            for q in range(min(2, nch)):
+                st.issue("a", q)
+    st.read("a", 0, R - 2)
+    for cq in range(nch):
+        for pl in range(min(CH, nph - CH * cq)):
+            for h in range(2):
+                kt = 2 * (CH * cq + pl) + h
+                st.read("w", kt, R - 2)
+                st.commit()
+                if kt + R - 1 < nk:
+                    st.issue("w", kt + R - 1)
+                if h == 0 and pl == 0 and cq + 2 < nch:
+                    st.issue("a", cq + 2)
+        if cq + 1 < nch:
+            st.read("a", cq + 1, R - 1)
+    assert st.used["w"] == set(range(nk)) and st.used["a"] == set(range(nch))
 
 
 @pytest.mark.parametrize("prefetch", [1, 2])
-@pytest.mark.parametrize("tile_n", sorted(plan.GEMV_LAYOUTS))
+@pytest.mark.parametrize("tile", sorted(plan.GEMV_LAYOUTS))
 @pytest.mark.parametrize("nph", list(range(1, 25)) + [30, 48, 96, 120])
-def test_ring_schedule(nph, tile_n, prefetch):
-    _replay(nph, plan.GEMV_LAYOUTS[tile_n], prefetch)
+def test_ring_schedule(nph, tile, prefetch):
+    lay = plan.GEMV_LAYOUTS[tile]
+    if tile[0] == 64:
+        _replay(nph, lay, prefetch)
+    elif prefetch == 1:
+        _replay_chunks(nph, lay)
 
 
 def test_swizzle_makes_ldmatrix_and_the_decode_stores_conflict_free():
@@ -197,9 +249,11 @@ def test_swizzle_makes_ldmatrix_and_the_decode_stores_conflict_free():
                                    gemv_knobs("bf16", 256, True, False), gemv_knobs("bf16", 32, True, True, tile_n=64),
                                    gemv_knobs("fp16", 96, False, True, tile_n=64),
                                    gemv_knobs("bf16", 64, True, True, prefetch=2),
-                                   gemv_knobs("bf16", 256, True, True, tile_n=64, prefetch=2)],
+                                   gemv_knobs("bf16", 256, True, True, tile_n=64, prefetch=2),
+                                   gemv_knobs("bf16", 32, True, True, tile_m=16),
+                                   gemv_knobs("fp16", 256, False, True, tile_m=16, tile_n=64)],
                          ids=["bf16-r32", "fp16-r0-plain", "bf16-r256", "tile64-bf16-r32", "tile64-fp16-r96",
-                              "pf2-bf16-r64", "tile64-pf2-bf16-r256"])
+                              "pf2-bf16-r64", "tile64-pf2-bf16-r256", "m16-bf16-r32", "m16-tile64-fp16-r256"])
 def test_compile_produces_a_clean_gemv_cubin(knobs, tmp_path):
     from svdq_aot.host_ir import serialize_host
     from svdq_loader.hostvm import HostProgram
@@ -210,7 +264,8 @@ def test_compile_produces_a_clean_gemv_cubin(knobs, tmp_path):
     ck = sm90.compile(ARCH, knobs, name, str(tmp_path), keep_ptx=True)
     sym = ck.kernel_symbols[0]
     usage = ck.resource_usage[sym]
-    lay = plan.GEMV_LAYOUTS[knobs["tile_n"]]
+    lay = plan.GEMV_LAYOUTS[(knobs["tile_m"], knobs["tile_n"])]
+    tm = knobs["tile_m"]
     assert usage["stack_frame_bytes"] == 0
     # ctas_per_sm CTAs' registers fit the SM's 64 K (allocated per warp in units of 256)
     assert lay.fits_registers(usage["registers"]), usage
@@ -221,10 +276,10 @@ def test_compile_produces_a_clean_gemv_cubin(knobs, tmp_path):
     main = len(re.findall(r"HMMA\.16816\.F32 ", sass))               # fp16 x fp16: the main loop
     lora = len(re.findall(r"HMMA\.16816\.F32\.BF16 ", sass)) if knobs["out_dtype"] == "bf16" else None
     if knobs["out_dtype"] == "bf16":
-        assert main == 2 * 4 * 8                       # one phase: 2 k-tiles x 4 k16 steps x 8 n8 blocks
-        assert lora == knobs["rank"] // 16 * 8
+        assert main == 2 * 4 * (tm // 8)               # one phase: 2 k-tiles x 4 k16 steps x tm / 8 n8 blocks
+        assert lora == knobs["rank"] // 16 * (tm // 8)
     else:
-        assert main == 2 * 4 * 8 + knobs["rank"] // 16 * 8
+        assert main == 2 * 4 * (tm // 8) + knobs["rank"] // 16 * (tm // 8)
     assert "LDGSTS.E.BYPASS.128" in sass and "LDSM.16.M88.4" in sass
     assert f"DEPBAR.LE SB0, {lay.ring - 2:#x}" in sass                # ring - 1 k-tiles in flight
     assert "HGMMA" not in sass
@@ -236,7 +291,7 @@ def test_compile_produces_a_clean_gemv_cubin(knobs, tmp_path):
     for m, n, k, sms in ((16, 3072, 3072, 132), (64, 12288, 3072, 132), (1, 256, 640, 132), (300, 512, 1024, 132),
                          (16, 3072, 3072, 78)):
         rec = prog.launch([0x10000 * (i + 1) for i in range(9)] + [m, n, k, sms, 0], sizes)
-        tiles = -(-m // 64) * (n // knobs["tile_n"])
+        tiles = -(-m // tm) * (n // knobs["tile_n"])
         s = gv.split_of(tiles, sms, k // 128, lay.ctas_per_sm)
         assert rec.grid == (tiles * s, 1, 1) and rec.block == (lay.threads, 1, 1) and rec.cluster[0] == s, \
             (m, n, k, sms)

@@ -6,8 +6,8 @@
 # 2. the sweep at M = 1, 16, 32, 64 on the four FLUX (K, N) pairs of small-M interest, every variant of the build
 #    (the gemv tiles beside the shipped 64-row wgmma forms), checked against the eager torch pipeline, then timed;
 #    JSON in $OUT/sweep.json;
-# 3. ncu stall reasons of each gemv form (tile_n 128 / 64, prefetch 1 / 2) at M = 16, K = 12288, N = 3072 (bf16,
-#    R = 32), if ncu runs.
+# 3. ncu stall reasons of each of the six gemv forms (tile 64 x 128 / 64 x 64 at prefetch 1 / 2, tile 16 x 128 /
+#    16 x 64) at M = 16, K = 12288, N = 3072 (bf16, R = 32), if ncu runs.
 set -uo pipefail
 ART=${1:-artifacts_gemv}
 OUT=${OUT:-/tmp/svdq-out}
@@ -23,10 +23,11 @@ echo "sweep exit $?"
 # one line per (shape, variant): M K N, the form, us, x cuBLAS
 sed -nE 's/^(M=.*N= *[0-9]+) +tile_m=([0-9]+) tile_n=([0-9]+) stages=[0-9] prefetch=([0-9]) .*schedule=([a-z_0-9]+) wsets=([0-9]) .* ([0-9.]+) us .* ([0-9.]+x) cuBLAS$/\1 \2x\3 pf\4 \5 w\6 \7 \8/p' \
     "$OUT/sweep.log" | head -80
-if command -v ncu >/dev/null && [ "${T_NCU:-45}" -gt 0 ]; then
-    for form in tilen128_tilek64_stages4_prefetch1 tilen128_tilek64_stages4_prefetch2 tilen64_tilek64_stages4_prefetch1 \
-                tilen64_tilek64_stages4_prefetch2; do
-        timeout "${T_NCU:-45}" ncu --clock-control none -k regex:gemm -c 1 \
+if command -v ncu >/dev/null && [ "${T_NCU:-30}" -gt 0 ]; then
+    for form in tilem64_tilen128_tilek64_stages4_prefetch1 tilem64_tilen128_tilek64_stages4_prefetch2 \
+                tilem64_tilen64_tilek64_stages4_prefetch1 tilem64_tilen64_tilek64_stages4_prefetch2 \
+                tilem16_tilen128_tilek64_stages4_prefetch1 tilem16_tilen64_tilek64_stages4_prefetch1; do
+        timeout "${T_NCU:-30}" ncu --clock-control none -k regex:gemm -c 1 \
             --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,sm__cycles_active.avg,gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.per_cycle_active" \
             python3 tools/sm90_pick_call.py "$ART" --m 16 --k 12288 --n 3072 --match schedulegemv \
             --match "$form" --match outdtypebf16 >"$OUT/ncu_$form.log" 2>&1
