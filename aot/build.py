@@ -110,13 +110,13 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
 
 
-def _derive_recipe(variant: Variant, host: dict, params: dict, requirements: dict) -> dict | None:
+def _derive_recipe(variant: Variant, host: dict, params: dict, requirements: dict, hints=()) -> dict | None:
     """The launch recipe of this variant, derived from its host program and checked against it (or None)."""
     try:
         from .derive_recipe import derive_for_op
     except ImportError:  # pragma: no cover - recipe derivation not available
         return None
-    return derive_for_op(op_spec(variant.op), host, params, requirements)
+    return derive_for_op(op_spec(variant.op), host, params, requirements, hints=hints)
 
 
 def compile_one(variant: Variant) -> CompileResult:
@@ -169,10 +169,11 @@ def compile_one(variant: Variant) -> CompileResult:
         host_json = (json.dumps(host, separators=(",", ":"), allow_nan=False) + "\n").encode()
     except Exception as e:  # noqa: BLE001 (HostIRError, or a non-JSON value)
         raise BuildError(f"variant {name}: host program serialisation failed: {_one_line(e)}") from e
+    hints = tuple(cv.recipe_hints)
     del cv
     requirements = variant.requirements()
     try:
-        recipe = _derive_recipe(variant, json.loads(host_json), params, requirements)
+        recipe = _derive_recipe(variant, json.loads(host_json), params, requirements, hints)
     except Exception as e:  # noqa: BLE001 - a recipe is an optimisation: fall back to the interpreter
         recipe = None
         if os.environ.get("SVDQ_STRICT_RECIPES") == "1":

@@ -59,7 +59,7 @@ def _affine(a: int, q, b: int):
 class _Fitter:
     """Fits sample values to small integer expressions of the scalar arguments."""
 
-    def __init__(self, xs: list[list[int]], scalar_idx: Sequence[int]):
+    def __init__(self, xs: list[list[int]], scalar_idx: Sequence[int], hints: Sequence = ()):
         self.xs = xs
         self.n = len(xs)
         self.scalar_idx = list(scalar_idx)
@@ -80,6 +80,11 @@ class _Fitter:
                 small = d in _PRODUCT_DIVISORS
                 add(["ceildiv", ["arg", j], d], [-(-v // d) for v in col], small)
                 add(["floordiv", ["arg", j], d], [v // d for v in col], small)
+        for h in hints:         # the family's candidates, tried like any basis expression (then verified)
+            try:
+                add(h, [eval_expr(h, x) for x in xs], False)
+            except RecipeEvalError:
+                continue
         self.basis = basis
 
     # -- families ----------------------------------------------------------------
@@ -274,8 +279,9 @@ def _fit_block(fitter: _Fitter, datas: list[bytes], undefined: bytearray, ptrs: 
 def derive_recipe(program: HostProgram, param_sizes: dict[str, list[int]] | None, ptr_arg_indices: Sequence[int],
                   sample_args: Callable[[random.Random], list], *, n_samples: int = 24, n_verify: int = 24,
                   extra_args: Sequence[Sequence[int]] = (), domain: dict[int, tuple[int, int, int]] | None = None,
-                  seed: int = 0x5EC1BE) -> tuple[LaunchRecipe | None, str]:
-    """``(recipe, "ok")``, or ``(None, reason)`` when the launch is not expressible as a recipe.
+                  seed: int = 0x5EC1BE, hints: Sequence = ()) -> tuple[LaunchRecipe | None, str]:
+    """``(recipe, "ok")``, or ``(None, reason)`` when the launch is not expressible as a recipe.  ``hints``:
+    expressions the fitter tries beside its own search (a family's; verified like every fit).
 
     ``sample_args(rng)`` returns one valid argument list (pointers 16-byte
     aligned and random, scalars valid for the op); ``extra_args`` are edge
@@ -285,12 +291,13 @@ def derive_recipe(program: HostProgram, param_sizes: dict[str, list[int]] | None
     """
     try:
         return _derive(program, param_sizes, ptr_arg_indices, sample_args, n_samples, n_verify, extra_args,
-                       domain, seed)
+                       domain, seed, hints)
     except _NoFit as e:
         return None, str(e)
 
 
-def _derive(program, param_sizes, ptr_arg_indices, sample_args, n_samples, n_verify, extra_args, domain, seed):
+def _derive(program, param_sizes, ptr_arg_indices, sample_args, n_samples, n_verify, extra_args, domain, seed,
+            hints=()):
     rng = random.Random(seed)
     types = program.arg_types
     nargs = len(types)
@@ -356,7 +363,7 @@ def _derive(program, param_sizes, ptr_arg_indices, sample_args, n_samples, n_ver
             for u, (_, x), (_, y) in zip(und_a, base.attrs, other.attrs):
                 for j in range(64):
                     u[j] |= x[j] != y[j]
-    fitter = _Fitter([xvec(a) for a in A], scalar_idx)
+    fitter = _Fitter([xvec(a) for a in A], scalar_idx, hints)
 
     def fit(vals, width, what):
         e = fitter.fit(vals, width)
@@ -539,8 +546,9 @@ def _dim_box(spec, requirements):
     return box
 
 
-def derive_for_op(spec, host_doc: dict, params: dict, requirements: dict) -> dict | None:
-    """Derive and verify the launch recipe of one variant of op `spec`; its dict form, or None."""
+def derive_for_op(spec, host_doc: dict, params: dict, requirements: dict, hints: Sequence = ()) -> dict | None:
+    """Derive and verify the launch recipe of one variant of op `spec`; its dict form, or None.  `hints`:
+    candidate expressions of the family (``CompiledKernel.recipe_hints``)."""
     program = HostProgram.from_dict(host_doc)
     sizes = {sym: [int(p[2]) for p in ps] for sym, ps in params.items()}
     ptr_idx = [i for i, (_, kind) in enumerate(spec.host_args) if kind in ("ptr", "stream")]
@@ -570,5 +578,5 @@ def derive_for_op(spec, host_doc: dict, params: dict, requirements: dict) -> dic
         return a
 
     recipe, _why = derive_recipe(program, sizes, ptr_idx, sample, extra_args=(edge("lo"), edge("hi")),
-                                 domain=box)
+                                 domain=box, hints=hints)
     return None if recipe is None else recipe.to_dict()

@@ -16,7 +16,8 @@ registry keys it by ``(op, arch)``).  It is a module (or any object) with:
     the config section ``variants.<arch>.<op>`` (a mapping, possibly
     empty) -> the tuning-knob dicts to enumerate, and problems with the
     section (each names its key).  ``"auto"`` values are resolved here or
-    in ``resolve``.
+    in ``resolve``.  A dict may carry ``"_only": {feature: values}`` (``svdq_aot.variants.ONLY_KEY``): it is
+    then built for those feature values only.
 ``resolve(arch, knobs) -> dict``
     fill any ``"auto"`` tuning value (e.g. the deepest stage count that
     fits); return the complete knob dict.
@@ -61,6 +62,9 @@ class CompiledKernel:
     kernel_symbols: list[str]
     smem_bytes: int           # dynamic SMEM the host function requests
     resource_usage: dict = field(default_factory=dict)   # symbol -> {"registers", "stack_frame_bytes"}
+    #: launch-recipe expressions (svdq_loader.launch_recipe's AST over the host arguments) that the recipe fitter
+    #: tries besides its own search, for a host launch it would not find (each is checked like any other fit)
+    recipe_hints: tuple = ()
 
 
 @runtime_checkable

@@ -109,6 +109,11 @@ def feature_combinations(op: str, arch: str, config: "Config") -> list[dict[str,
     return [dict(zip(spec.feature_names, combo)) for combo in product(*axes)]
 
 
+#: the key of a tuning dict (a family's config_axes output) that limits it to some feature values:
+#: ``{"_only": {"rank": (128,)}}`` builds that tuning for rank 128 only
+ONLY_KEY = "_only"
+
+
 def enumerate_variants(config: "Config") -> tuple[list[Variant], list[tuple[Variant, str]]]:
     """Every combination the config asks for, split into (valid, [(rejected, reason)]).
 
@@ -128,6 +133,11 @@ def enumerate_variants(config: "Config") -> tuple[list[Variant], list[tuple[Vari
                 raise ValueError(f"variants.{arch}.{op}: " + "; ".join(problems))
             for feats in feature_combinations(op, arch, config):
                 for tune in tunings:
+                    # a tuning dict may restrict the features it is built for: "_only" = {feature: values}
+                    only = tune.get(ONLY_KEY, {})
+                    if any(feats[f] not in vals for f, vals in only.items()):
+                        continue
+                    tune = {k: v for k, v in tune.items() if k != ONLY_KEY}
                     knobs = fam.resolve(arch, {**feats, **tune})
                     v = Variant.make(op, arch, {**feats, **{k: knobs[k] for k in tune}})
                     if v in seen:

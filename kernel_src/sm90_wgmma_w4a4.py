@@ -96,10 +96,24 @@ FEATURE_VALUES: dict[str, tuple] = dict(
 #: prmt, skip_pad on).
 _FILL = {"fill": {"tile": ["tile_m", "tile_n", "tile_k"], "ctas_per_sm": 1,
                   "factor": [{"knob": "tile_m", "values": [[64, 1.66], [256, 0.86]]},
-                             {"knob": "act_source", "values": [["images", 0.76]]}],
+                             {"knob": "act_source", "values": [["images", 0.76]]},
+                             # the estimate has no model of gemv's launch-time split: a factor that keeps the
+                             # estimate from ever preferring it over a wgmma form (above M = 16 it lost, session 9)
+                             {"knob": "schedule", "values": [["gemv", 100.0]]}],
                   "split": {"knob": "schedule", "values": [["ws_splitk2", 2, 12], ["ws_splitk4", 4, 22]]}}}
 _FORMS = [{"knob": "act_decode", "values": ["prmt", "shift"]}, {"knob": "skip_pad", "values": [True, False]}]
+#: M <= 16: the gemv form first, where it is built, and of its tiles the 16-row one (session 9, docs/PERF.md: the
+#: 16 x 128 gemv tile is 1.30-1.55x faster than the best wgmma form at all four (K, N) measured at M = 1 and 16,
+#: 0.96-1.42x cuBLAS bf16).  Above M = 16 it reads the weight once per 16 rows, so the wgmma forms and the fill
+#: estimate decide again there (the gemv form ranks after every listed schedule)
+_SMALL = [{"knob": "schedule", "values": ["gemv"]}, {"knob": "tile_m", "values": [16]}]
 SELECTION = [
+    {"m_max": 16, "priority": 0, "prefer": _SMALL + [_FILL, {"knob": "tile_m", "order": "asc"},
+                                                      {"knob": "act_source", "values": ["nvfp4", "images"]},
+                                                      {"knob": "schedule", "values": ["ws", "coop", "ws_splitk2",
+                                                                                      "ws_splitk4"]},
+                                                      {"knob": "stages", "order": "desc"},
+                                                      {"knob": "prefetch", "order": "desc"}] + _FORMS},
     {"m_max": 256, "priority": 0, "prefer": [_FILL, {"knob": "tile_m", "order": "asc"},
                                               {"knob": "act_source", "values": ["nvfp4", "images"]},
                                               {"knob": "schedule", "values": ["ws", "coop", "ws_splitk2", "ws_splitk4"]},
@@ -135,7 +149,8 @@ def config_axes(arch: str, section: dict) -> tuple[list[dict], list[str]]:
 
     Or ``forms``: a list of such sections (a key a form leaves out takes its default), built as the union of
     each form's combinations -- one schedule for the small tile and another for the large one without building
-    every cross combination."""
+    every cross combination.  A form may also list ``ranks``: it is then built for those LoRA ranks only (of the
+    config's ``ranks``), e.g. a fallback form that only one rank needs."""
     if "forms" not in section:
         return _form_axes(section, "")
     problems: list[str] = []
@@ -145,10 +160,19 @@ def config_axes(arch: str, section: dict) -> tuple[list[dict], list[str]]:
     forms = section["forms"]
     if not isinstance(forms, list) or not forms or not all(isinstance(f, dict) for f in forms):
         return [], problems + [f"forms: {forms!r}: expected a non-empty list of mappings"]
+    from svdq_aot.variants import ONLY_KEY
     out: list[dict] = []
     for i, form in enumerate(forms):
+        form = dict(form)
+        ranks = form.pop("ranks", None)
         got, probs = _form_axes(form, f"forms[{i}].")
         problems += probs
+        if ranks is not None:
+            if (not isinstance(ranks, list) or not ranks
+                    or not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks)):
+                problems.append(f"forms[{i}].ranks: {ranks!r}: expected a non-empty list of integers")
+                continue
+            got = [dict(g, **{ONLY_KEY: {"rank": tuple(ranks)}}) for g in got]
         out += [g for g in got if g not in out]
     return out, problems
 
@@ -243,6 +267,8 @@ def compile(arch: str, knobs: dict, name: str, dump_dir: str, *, keep_ptx: bool 
     ck = compile_kernel(cls, gemm, GEMM_W4A4, dict(act=Uint8, ascales=Uint8, wgt=Uint8, wscales=Uint8,
                                                           wcscale=Float32, bias=Float32),
                         _OUT_DTYPES[cfg.out_dtype], name, arch, dump_dir, gemm.smem_bytes, keep_ptx=True)
+    if is_gemv(cfg):
+        ck.recipe_hints = gemv_recipe_hints(cfg, GEMM_W4A4.host_args)
     problem = static_problem(_read_ptx(dump_dir, ck.entry, arch, keep_ptx), ck.resource_usage,
                              "mma.sync.aligned.m16n8k16" if is_gemv(cfg) else "wgmma.mma_async")
     if problem is None and is_gemv(cfg):
@@ -255,6 +281,21 @@ def compile(arch: str, knobs: dict, name: str, dump_dir: str, *, keep_ptx: bool 
     if problem:
         raise RuntimeError(f"{name}: {problem}")
     return ck
+
+
+def gemv_recipe_hints(cfg, host_args) -> tuple:
+    """The gemv host code's launch as launch-recipe expressions (its split, and grid = tiles x split), which the
+    recipe fitter would not find by itself.  split = the largest power of two <= min(8, max(1, ctas_per_sm x
+    sm_count // tiles), k // 128), written as 1 << (clog2(x + 1) - 1)."""
+    from .sm90_gemv_kernel import MAX_SPLIT, PHASE_K
+    from .sm90_plan import gemv_layout
+    lay = gemv_layout(cfg)
+    at = {name: ["arg", i] for i, (name, _) in enumerate(host_args)}
+    tiles = ["mul", ["ceildiv", at["m"], cfg.tile_m], ["floordiv", at["n"], cfg.tile_n]]
+    x = ["min", ["min", ["max", 1, ["floordiv", ["mul", lay.ctas_per_sm, at["sm_count"]], tiles]],
+                 ["floordiv", at["k"], PHASE_K]], MAX_SPLIT]
+    split = ["shl", 1, ["sub", ["clog2", ["add", x, 1]], 1]]
+    return (split, ["mul", tiles, split])
 
 
 def _read_ptx(dump_dir: str, entry: str, arch: str, keep: bool) -> str:

@@ -216,6 +216,31 @@ def test_config_forms_are_a_union_not_a_product():
     assert sm90.config_axes(ARCH, {"forms": []})[1] == ["forms: []: expected a non-empty list of mappings"]
 
 
+def test_a_form_can_be_limited_to_some_ranks():
+    from svdq_aot.variants import ONLY_KEY
+    got, problems = sm90.config_axes(ARCH, {"forms": [{"tiles": [[256, 128, 64]], "schedule": ["coop"], "ranks": [128]},
+                                                      {"tiles": [[128, 128, 64]], "schedule": ["ws"]}]})
+    assert not problems and len(got) == 2
+    assert got[0][ONLY_KEY] == {"rank": (128,)} and ONLY_KEY not in got[1]
+    for bad in ([], [True], "128", [16.0]):
+        _, problems = sm90.config_axes(ARCH, {"forms": [{"schedule": ["coop"], "ranks": bad}]})
+        assert problems and "forms[0].ranks" in problems[0] and "non-empty list of integers" in problems[0]
+
+
+def test_enumeration_builds_a_limited_form_for_its_ranks_only(tmp_path):
+    from svdq_aot.config import load_config
+    from svdq_aot.variants import enumerate_variants
+    p = tmp_path / "c.yaml"
+    p.write_text("name: t\narchs: [sm_90a]\nout_dtypes: [bf16]\nranks: [0, 32, 128]\nwcscale: [true]\n"
+                 "bias: [true]\nshapes: {a: {k: 256, n: 256}}\nvariants:\n  sm_90a:\n    gemm_w4a4:\n      forms:\n"
+                 "        - {tiles: [[256, 128, 64]], schedule: [coop], ranks: [128]}\n"
+                 "        - {tiles: [[128, 128, 64]], schedule: [ws], prefetch: [2]}\n")
+    valid, rejected = enumerate_variants(load_config(p))
+    got = sorted((v.knob_dict["schedule"], v.knob_dict["rank"]) for v in valid)
+    assert got == [("coop", 128), ("ws", 0), ("ws", 32), ("ws", 128)] and not rejected
+    assert all("_only" not in v.name and "_only" not in v.knob_dict for v in valid)
+
+
 def test_smem_plan():
     # activation stages: stages x tile_m x 64 fp16
     assert sm90.smem_bytes_for(make_knobs(rank=0, stages=4)) == 4 * 128 * 64 * 2

@@ -33,7 +33,7 @@ def test_select_text_and_json(tiny_artifacts):
     assert j.exit_code == 0, j.output
     d = json.loads(j.output)
     assert d["chosen"] == lines[1].split(": ")[1] and d["dims"] == {"m": 16, "n": 256, "k": 256}
-    assert any("bucket M in [1, 256]" in w for w in d["why"])
+    assert any("bucket M in [1, 16]" in w for w in d["why"])
     assert [x["reason"] for x in d["rejected"]] == ["built for rank=0 (the call needs 32)"]
 
 

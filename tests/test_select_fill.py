@@ -225,16 +225,26 @@ def test_fill_round_trips_and_refuses_malformed_specs():
     bad({"tile": ["tile_m", "tile_n", "tile_k"], "extra": 1}, r"expected \{tile:")
 
 
-def test_sm90_rule_ranks_the_gemv_form_last_beside_the_shipped_forms(sm90_rules):
-    """The small-M gemv form (docs/PERF.md, session 9) is not in configs/flux.yaml: the rule has no estimate of
-    its launch-time split, counts it as an unsplit 64-row tile and ranks it after every listed schedule, so a
-    build that has the shipped forms keeps them; a build of gemv alone gets it."""
-    gemv = _variant("gemv", 64, 1, 2, name="gemv")
-    gemv.requirements = dict(n_multiple=128, k_multiple=128)
+def test_sm90_rule_takes_the_16_row_gemv_form_up_to_m_16_and_the_wgmma_forms_above(sm90_rules):
+    """The gemv form (docs/PERF.md, session 9): its 16 x 128 tile was the fastest at M = 1 and 16 on all four
+    measured (K, N) (1.30-1.55x the best wgmma form); above M = 16 it reads the weight once per 16 rows, and the
+    rule ranks every gemv tile after the listed schedules, as before."""
+    def gemv(tile_m, tile_n, prefetch=1):
+        v = _variant("gemv", tile_m, prefetch, 2, name=f"gemv{tile_m}x{tile_n}pf{prefetch}")
+        v.knobs["tile_n"] = tile_n
+        v.requirements = dict(n_multiple=tile_n, k_multiple=128)
+        return v
+    gemvs = [gemv(16, 128), gemv(16, 64), gemv(64, 128), gemv(64, 128, 2), gemv(64, 64)]
     shipped = [_variant(*f) for f in FORMS]
-    for m in (1, 16, 64, 256):
-        for n, k in ((3072, 3072), (3072, 12288), (12288, 3072), (3072, 15360)):
-            got = select.choose(shipped + [gemv], _problem(m, n, k), sm90_rules, sm_count=132)
-            assert got.name != "gemv" and got.name == select.choose(shipped, _problem(m, n, k), sm90_rules,
-                                                                   sm_count=132).name
-            assert select.choose([gemv], _problem(m, n, k), sm90_rules, sm_count=132).name == "gemv"
+    for n, k in ((3072, 3072), (3072, 12288), (12288, 3072), (3072, 15360), (9216, 3072), (21504, 3072)):
+        for m in (1, 7, 16):
+            assert select.choose(shipped + gemvs[:1] + gemvs[2:], _problem(m, n, k), sm90_rules,
+                                 sm_count=132).name == "gemv16x128pf1"
+            assert select.choose(shipped + gemvs, _problem(m, n, k), sm90_rules, sm_count=132).name.startswith("gemv16")
+            # without the 16-row tile, a 64-row gemv tile still goes first at M <= 16
+            assert select.choose(shipped + gemvs[2:], _problem(m, n, k), sm90_rules, sm_count=132).name \
+                .startswith("gemv64")
+        for m in (17, 64, 256, 4608):
+            got = select.choose(shipped + gemvs, _problem(m, n, k), sm90_rules, sm_count=132)
+            assert got.name == select.choose(shipped, _problem(m, n, k), sm90_rules, sm_count=132).name
+        assert select.choose(gemvs[2:3], _problem(300, n, k), sm90_rules, sm_count=132).name == "gemv64x128pf1"

@@ -296,3 +296,29 @@ def test_compile_produces_a_clean_gemv_cubin(knobs, tmp_path):
         assert rec.grid == (tiles * s, 1, 1) and rec.block == (lay.threads, 1, 1) and rec.cluster[0] == s, \
             (m, n, k, sms)
         assert rec.smem == lay.smem_bytes
+
+
+def test_the_gemv_launch_gets_a_recipe_only_through_the_family_s_hints(tmp_path):
+    """The fitter does not find the launch-time split by itself; with the family's hints it derives a recipe that
+    reproduces the host program's grid, block and cluster (the derivation verifies it on fresh samples too)."""
+    from svdq_aot.build import _kernel_params
+    from svdq_aot.derive_recipe import derive_for_op
+    from svdq_aot.host_ir import serialize_host
+    from svdq_loader.hostvm import HostProgram
+    from svdq_loader.launch_recipe import LaunchRecipe
+
+    knobs = gemv_knobs("bf16", 32, True, True, tile_m=16)
+    req = sm90.requirements(ARCH, knobs)
+    ck = sm90.compile(ARCH, knobs, GEMM_W4A4.name_for(ARCH, knobs, req), str(tmp_path))
+    assert len(ck.recipe_hints) == 2
+    host = json.loads(json.dumps(serialize_host(ck.compiled)))
+    params = {sym: tuple(tuple(int(x) for x in p) for p in ps) for sym, ps in _kernel_params(ck.cubin).items()}
+    assert derive_for_op(GEMM_W4A4, host, params, req) is None
+    rec = LaunchRecipe.from_dict(derive_for_op(GEMM_W4A4, host, params, req, hints=ck.recipe_hints))
+    prog = HostProgram.from_dict(host)
+    sizes = {sym: [p[2] for p in ps] for sym, ps in params.items()}
+    for m, n, k, sms in ((16, 3072, 3072, 132), (7, 12288, 15360, 132), (300, 512, 1024, 78), (1, 128, 128, 1)):
+        want = prog.launch([0x10000 * (i + 1) for i in range(9)] + [m, n, k, sms, 0], sizes)
+        got = rec.bind([m, n, k, sms])
+        assert got is not None and tuple(got.grid) == want.grid and tuple(got.block) == want.block, (m, n, k, sms)
+        assert got.smem == want.smem
