@@ -7,9 +7,8 @@ k-tile per CTA on the H200, docs/PERF.md session 5); this form has no producer, 
 handshake:
 
 * **Tile.** One CTA = tile_n / 16 warps = tile_n weight rows (tile_n 128: two 64-row blocks of the sm90 fragment
-  format, 8 warps; 64: one block, 4 warps; warp w takes the 16-row slice ``w % 4`` of block ``w // 4``) x 64
-  activation rows.  ``mma.sync m16n8k16`` (fp16 in, fp32
-  accumulators): A = the warp's 16 weight rows -- the fragment format's 16-byte word per thread per 64 k *is*
+  format, 8 warps; 64: one block, 4 warps; warp w takes the 16-row slice ``w % 4`` of block ``w // 4``) x tile_m
+  (64 or 16) activation rows.  ``mma.sync m16n8k16`` (fp16 in, fp32 accumulators): A = the warp's 16 weight rows -- the fragment format's 16-byte word per thread per 64 k *is*
   four mma A fragments --, B = 8 activation rows per n8 block, C = Yᵀ.  n8 blocks of rows >= m are skipped
   (a warp-uniform branch), so one variant serves every M <= 64 at the MMA cost of its rows.
 * **Weights through a per-thread cp.async ring**, ``RING`` k-tiles deep (each thread copies its own 16-byte word
@@ -17,8 +16,8 @@ handshake:
   weight in flight.
 * **Activations.** The CTA's K range is walked in phases of 128 k.  Each thread copies (cp.async, in the same
   groups as the weights, (RING + 1) / 2 phases ahead) and later decodes one or two 32-k chunks of one row (256
-  tasks per phase) -- its own bytes again -- into a double-buffered, XOR-swizzled fp16 tile that the warps read with ``ldmatrix``.  One CTA barrier
-  per phase; the weight copies keep flowing across it.  Decode and scale bookkeeping are the wgmma form's
+  tasks per phase) -- its own bytes again -- into a double-buffered, XOR-swizzled fp16 tile that the warps read
+  with ``ldmatrix``.  One CTA barrier per phase; the weight copies keep flowing across it.  Decode and scale bookkeeping are the wgmma form's
   (``e2m1 · 2^-14`` times ``scale · 2^7`` on both operands, exact in fp16; the epilogue multiplies by 2^14).
 * **tile_m 16** (M <= 16 per tile): instead of the phase double buffer, 8 phases of decoded activations are
   resident at a time (``sm90_plan.GEMV_CHUNK``), so the loop has two CTA barriers per 16 k-tiles; the raw bytes
@@ -27,7 +26,7 @@ handshake:
   that is at most ``ctas_per_sm·sm_count // tiles`` (``sm90_plan.GEMV_LAYOUTS``: 2 CTAs of tile_n 128 or 3 of
   tile_n 64 fit an SM) and ``k // 128`` (``split_of``).  CTA rank r takes
   phases ``[r·P // S, (r+1)·P // S)`` of the P = k // 128.
-  Warp w of rank ``w % S`` owns its 16 x 64 slice of the tile: the other ranks leave their partial sums in their
+  Warp w of rank ``w % S`` owns its 16 x tile_m slice of the tile: the other ranks leave their partial sums in their
   own SMEM, a cluster barrier publishes them, the owner adds them in rank order (``mapa`` +
   ``ld.shared::cluster``), a second barrier keeps them alive until read, and the owner alone runs the epilogue.
 * **Epilogue** (owner warps): ``acc · 2^14 · wcscale[n]``, then LoRA as more ``mma.sync`` (A = ``lora_up`` rows,
@@ -35,8 +34,8 @@ handshake:
   predicated store of rows < m.
 
 Launch ABI: the wgmma form's (host args: 9 pointers, m, n, k, sm_count, stream; kernel params: 9 pointers, m, n,
-k); block (2·tile_n, 1, 1), cluster (S, 1, 1), grid = tiles x S.  Preconditions (the loader's shape rule): n % tile_n == 0,
-k % 128 == 0, 16-byte aligned contiguous tensors, weights in the sm90 fragment format.
+k); block (2·tile_n, 1, 1), cluster (S, 1, 1), grid = tiles x S.  Preconditions (the loader's shape rule):
+n % tile_n == 0, k % 128 == 0, 16-byte aligned contiguous tensors, weights in the sm90 fragment format.
 """
 import cuda.bindings.driver as cuda
 
@@ -121,6 +120,7 @@ def _pack1(x, dtype: str):
 
 class _Sm90Gemv:
     KERNEL_METHODS = ("kernel",)
+    MMA_PTX = "mma.sync.aligned.m16n8k16"         # the main loop's MMA (the family's static check)
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -134,6 +134,24 @@ class _Sm90Gemv:
         self.nacc = 4 * (self.tm // 8)              # fp32 accumulators per thread: one m16n8 C per n8 block
         self.prefetch = cfg.prefetch                # k-tiles of weight words read and decoded per ring wait
         self.smem_bytes = self.lay.smem_bytes
+
+    def recipe_hints(self, host_args) -> tuple:
+        """The host code's launch as launch-recipe expressions over `host_args` (the op's (name, kind) list): the
+        split of ``split_of`` as 1 << (clog2(x + 1) - 1), and grid = tiles x split; the fitter would not find them."""
+        at = {name: ["arg", i] for i, (name, _) in enumerate(host_args)}
+        tiles = ["mul", ["ceildiv", at["m"], self.tm], ["floordiv", at["n"], self.tn]]
+        x = ["min", ["min", ["max", 1, ["floordiv", ["mul", self.lay.ctas_per_sm, at["sm_count"]], tiles]],
+                     ["floordiv", at["k"], PHASE_K]], MAX_SPLIT]
+        split = ["shl", 1, ["sub", ["clog2", ["add", x, 1]], 1]]
+        return (split, ["mul", tiles, split])
+
+    def resource_problem(self, usage: dict):
+        """None, or why a compiled kernel's registers leave fewer CTAs per SM than the split assumes."""
+        for sym, u in usage.items():
+            if not self.lay.fits_registers(u["registers"]):
+                return (f"kernel {sym}: {u['registers']} registers leave fewer than the {self.lay.ctas_per_sm} CTAs "
+                        f"per SM its launch-time split assumes (the validity predicate should have refused it)")
+        return None
 
     @cute.jit
     def __call__(self, act: cute.Pointer, ascales: cute.Pointer, wgt: cute.Pointer, wscales: cute.Pointer,

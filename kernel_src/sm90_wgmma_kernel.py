@@ -97,6 +97,15 @@ def _k(first, j):
 
 class _Sm90Wgmma:
     KERNEL_METHODS = ("kernel", "kernel_ws")      # schedule coop / ws and ws_splitk*
+    MMA_PTX = "wgmma.mma_async"                   # the main loop's MMA (the family's static check)
+
+    def recipe_hints(self, host_args) -> tuple:
+        """No hints: the launch recipe fitter finds this host code's launch by itself."""
+        return ()
+
+    def resource_problem(self, usage: dict):
+        """None: the plan's budgets (sm90_plan) already hold every register limit of these schedules."""
+        return None
 
     def __init__(self, cfg: _Cfg):
         reason = _problem(cfg)

@@ -259,43 +259,23 @@ def requirements(arch: str, knobs: dict) -> dict:
 def compile(arch: str, knobs: dict, name: str, dump_dir: str, *, keep_ptx: bool = False):
     refuse_invalid(name, invalid_reason(arch, knobs))
     cfg = _cfg_of(knobs)
-    cls = _Sm90Wgmma
     if is_gemv(cfg):
         from .sm90_gemv_kernel import _Sm90Gemv as cls
+    else:
+        cls = _Sm90Wgmma
     gemm = cls(cfg)
     from svdq_loader.ops import GEMM_W4A4
     ck = compile_kernel(cls, gemm, GEMM_W4A4, dict(act=Uint8, ascales=Uint8, wgt=Uint8, wscales=Uint8,
                                                           wcscale=Float32, bias=Float32),
                         _OUT_DTYPES[cfg.out_dtype], name, arch, dump_dir, gemm.smem_bytes, keep_ptx=True)
-    if is_gemv(cfg):
-        ck.recipe_hints = gemv_recipe_hints(cfg, GEMM_W4A4.host_args)
-    problem = static_problem(_read_ptx(dump_dir, ck.entry, arch, keep_ptx), ck.resource_usage,
-                             "mma.sync.aligned.m16n8k16" if is_gemv(cfg) else "wgmma.mma_async")
-    if problem is None and is_gemv(cfg):
-        from .sm90_plan import gemv_layout
-        lay = gemv_layout(cfg)
-        for sym, u in ck.resource_usage.items():
-            if not lay.fits_registers(u["registers"]):
-                problem = (f"kernel {sym}: {u['registers']} registers leave fewer than the {lay.ctas_per_sm} CTAs "
-                           f"per SM its launch-time split assumes (the validity predicate should have refused it)")
+    # the kernel class's part of the build: the MMA its PTX must contain, a check of its registers against the
+    # CTAs per SM it was planned for, and expressions for the launch-recipe fitter
+    ck.recipe_hints = gemm.recipe_hints(GEMM_W4A4.host_args)
+    problem = (static_problem(_read_ptx(dump_dir, ck.entry, arch, keep_ptx), ck.resource_usage, cls.MMA_PTX)
+               or gemm.resource_problem(ck.resource_usage))
     if problem:
         raise RuntimeError(f"{name}: {problem}")
     return ck
-
-
-def gemv_recipe_hints(cfg, host_args) -> tuple:
-    """The gemv host code's launch as launch-recipe expressions (its split, and grid = tiles x split), which the
-    recipe fitter would not find by itself.  split = the largest power of two <= min(8, max(1, ctas_per_sm x
-    sm_count // tiles), k // 128), written as 1 << (clog2(x + 1) - 1)."""
-    from .sm90_gemv_kernel import MAX_SPLIT, PHASE_K
-    from .sm90_plan import gemv_layout
-    lay = gemv_layout(cfg)
-    at = {name: ["arg", i] for i, (name, _) in enumerate(host_args)}
-    tiles = ["mul", ["ceildiv", at["m"], cfg.tile_m], ["floordiv", at["n"], cfg.tile_n]]
-    x = ["min", ["min", ["max", 1, ["floordiv", ["mul", lay.ctas_per_sm, at["sm_count"]], tiles]],
-                 ["floordiv", at["k"], PHASE_K]], MAX_SPLIT]
-    split = ["shl", 1, ["sub", ["clog2", ["add", x, 1]], 1]]
-    return (split, ["mul", tiles, split])
 
 
 def _read_ptx(dump_dir: str, entry: str, arch: str, keep: bool) -> str:
