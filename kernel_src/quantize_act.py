@@ -60,11 +60,11 @@ Work decomposition
 
 Arithmetic (per group of 16; quantize_ref has the normative text)
 ------------------------------------------------------------------
-``rs = RN32(1 / smooth)`` per k (one per lane per step, shared through SMEM;
-fp64 rcp + two Newton steps, then one rounding: equal to IEEE ``div.rn.f32``
-for every 16-bit input -- proof in ``_rcp16``, checked in the tests);
-``x̂ = cvt.rn.<D>(mul.rn.f32(x, rs))`` (use_smooth == 0: x̂ = x), so x̂ is a
-16-bit value and the same words are the LoRA mma operand;
+``rs = RN_D(RN32(1 / smooth))`` per k (one per lane per step, shared through SMEM
+as 16-bit pairs; RN32(1 / smooth) is fp64 rcp + two Newton steps, then one rounding: equal to
+IEEE ``div.rn.f32`` for every 16-bit input -- proof in ``_rcp16``, checked in the tests);
+``x̂ = mul.rn.<D>x2(x, rs)``, one packed multiply per pair (the exact product rounded once;
+use_smooth == 0: x̂ = x), so x̂ is a 16-bit value and the same words are the LoRA mma operand;
 ``amax = max.NaN |x̂|`` (packed); ``sc = RN32(amax / 6)`` via
 ``fma(fma(-6, q0, amax), RN(1/6), q0)``, ``q0 = RN(amax * RN(1/6))`` (equal to
 IEEE division for every 16-bit amax: checked exhaustively);
@@ -135,10 +135,10 @@ STEP_K = 64                       # k per warp step (= the K multiple required)
 SMEM_LIMIT_BYTES = 227 * 1024     # dynamic SMEM per CTA on sm_90 / sm_100 (opt-in limit)
 #: sm_120 / sm_121 (GeForce / workstation Blackwell): 99 KiB per block (the DSL's arch table) - 1 KiB static
 _SMEM_LIMIT_BY_ARCH = {"sm_120a": 99 * 1024 - 1024, "sm_121a": 99 * 1024 - 1024}
-#: Per-warp buffer of the step's 64 reciprocals of smooth: four 64-byte groups (one per lane column t,
-#: k in [16t, 16t + 16)), the second pair 16 bytes further on (`_rs_offset`).  Without that gap a warp's
-#: four 16-byte reads of one instruction (one address per t, broadcast over g) took 8 wavefronts, not 4.
-_RS_BYTES = STEP_K * 4 + 16
+#: Per-warp buffer of the step's 64 reciprocals of smooth, rounded to x's dtype: 32 pair words (lane l
+#: writes k = 2l, 2l + 1); lane column t reads its 16 k as two 16-byte chunks at 32t and 32t + 16, so one
+#: read's four addresses (one per t, broadcast over g) fall in four distinct 16-byte bank groups.
+_RS_BYTES = STEP_K * 2
 _SM_STAGE_BYTES = STEP_K * 2      # one step of smooth (32 lanes x one 16-bit pair)
 _DT = {"bf16": BFloat16, "fp16": Float16}
 _ONE_PAIR = {"bf16": 0x3F803F80, "fp16": 0x3C003C00}   # (1.0, 1.0) in the 16-bit type
@@ -292,8 +292,15 @@ def _pack_pair(lo, hi, dtype: str):
     return _asm(op + " $0, $1, $2;", (Int32,), [hi, lo], "=r,f,f")
 
 
-def _mul_rn(a, b):
-    return _asm("mul.rn.f32 $0, $1, $2;", (Float32,), [a, b], "=f,f,f")
+def _mul_pair(a, b, dtype: str):
+    """Two 16-bit pairs multiplied per half, one rounding to the 16-bit type (RNE, subnormals kept, overflow ->
+    inf): the exact product of two 16-bit values, rounded once (``mul.rn.bf16x2`` / ``mul.rn.f16x2``)."""
+    ty = "bf16x2" if dtype == "bf16" else "f16x2"
+    return _asm(f"mul.rn.{ty} $0, $1, $2;", (Int32,), [a, b], "=r,r,r")
+
+
+def _sts_u32(saddr, v):
+    _asm("st.shared.u32 [$0], $1;", (), [saddr, v], "r,r")
 
 
 def _rcp16(a):
@@ -423,11 +430,9 @@ def _e4m3_pair(sc_lo, sc_hi):
                 (Int32, Float32, Float32), [sc_lo, sc_hi], "=r,=f,=f,f,f")
 
 
-def _rs_offset(t):
-    """Byte offset in the reciprocal buffer of lane column t's 16 reciprocals (ints and DSL integers):
-    group t at 64t, plus 16 for t >= 2.  A read of chunk i by the four columns hits the 16-byte bank groups
-    i, i + 4, i + 1, i + 5 (mod 8): no conflict; each half warp's 8-byte writes stay one 128-byte run."""
-    return 64 * t + 16 * (t >> 1)
+def _rs_chunk(t, i):
+    """Byte offset in the reciprocal buffer of lane column t's i-th 16-byte chunk (k = 16t + 8i .. + 7)."""
+    return 32 * t + 16 * i
 
 
 def _srow(kk):
@@ -502,10 +507,6 @@ def _sts_v2(saddr, a, b):
 
 def _sts_f(saddr, a):
     _asm("st.shared.f32 [$0], $1;", (), [saddr, a], "r,f")
-
-
-def _lds_v4f(saddr):
-    return _asm("ld.shared.v4.f32 {$0, $1, $2, $3}, [$4];", (Float32,) * 4, [saddr], "=f,=f,=f,=f,r", True)
 
 
 def _ld_cluster_v2f(saddr, rank):
@@ -823,12 +824,11 @@ class _QuantizeAct:
         if smoothing:
             # reciprocals of smooth for the step's 64 k: lane computes k = 2*lane, 2*lane + 1
             s_lo, s_hi = _f32_pair(sm_cur, dt)
-            _sts_v2(rs_s + _rs_offset(lane // 8) + 8 * (lane % 8), _rcp16(s_lo), _rcp16(s_hi))
+            _sts_u32(rs_s + 4 * lane, _pack_pair(_rcp16(s_lo), _rcp16(s_hi), dt))
             cute.arch.sync_warp()
             rs = []
-            for i in range(4):
-                v4 = _lds_v4f(rs_s + _rs_offset(t) + 16 * i)
-                rs.extend(list(v4))
+            for i in range(2):
+                rs.extend(list(_lds_v4(rs_s + _rs_chunk(t, i))))
 
         # ---- x̂ as 16-bit pair words; amax per group ------------------------
         xh = []
@@ -838,8 +838,7 @@ class _QuantizeAct:
             if smoothing:
                 wq = []
                 for i in range(8):
-                    lo, hi = _f32_pair(cur[q * 8 + i], dt)
-                    wq.append(_pack_pair(_mul_rn(lo, rs[2 * i]), _mul_rn(hi, rs[2 * i + 1]), dt))
+                    wq.append(_mul_pair(cur[q * 8 + i], rs[i], dt))
             else:
                 wq = [cur[q * 8 + i] for i in range(8)]
             xh.append(wq)

@@ -60,8 +60,10 @@ def test_quantize_smooth_divides_first():
 
 
 def _smoothed(x, smooth):
-    """x̂ of quantize_ref's rule 1: x times the fp32 reciprocal of smooth, rounded to x's dtype."""
-    return (x.float() * (1.0 / smooth.float())).to(x.dtype)
+    """x̂ of quantize_ref's rule 1: x times the reciprocal of smooth rounded to x's dtype, the exact product
+    rounded once (computed in float64 here, so no intermediate rounding)."""
+    rs = (1.0 / smooth.float()).to(x.dtype)
+    return (x.double() * rs.double()).to(x.dtype)
 
 
 def test_quantize_matches_numpy_reference_and_lora():

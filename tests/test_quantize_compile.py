@@ -199,11 +199,12 @@ def test_ldmatrix_rows_match_the_staging_and_do_not_conflict(rank):
 
 
 def test_reciprocal_buffer_reads_and_writes_are_conflict_free():
-    """The smooth reciprocals: the four lane columns' 16-byte reads of one chunk hit 4 distinct bank groups,
-    each half warp's 8-byte writes are one contiguous 128-byte run, and the buffer holds them all."""
-    for i in range(4):
-        assert len({(fam._rs_offset(t) + 16 * i) // 16 % 8 for t in range(4)}) == 4
-    for half in range(2):
-        offs = sorted(fam._rs_offset(lane // 8) + 8 * (lane % 8) for lane in range(16 * half, 16 * half + 16))
-        assert offs == list(range(offs[0], offs[0] + 128, 8))
-    assert fam._rs_offset(3) + 64 <= fam._RS_BYTES
+    """The smooth reciprocals (16-bit pairs): lane l writes word l, so a warp's writes are one contiguous
+    128-byte run; the four lane columns' 16-byte reads of one chunk hit 4 distinct bank groups; lane column
+    t's two chunks are its own 16 k (words 8t .. 8t + 7); and the buffer holds them all."""
+    for i in range(2):
+        assert len({fam._rs_chunk(t, i) // 16 % 8 for t in range(4)}) == 4
+    for t in range(4):
+        words = [(fam._rs_chunk(t, i) + 4 * j) // 4 for i in range(2) for j in range(4)]
+        assert words == list(range(8 * t, 8 * t + 8))          # word w holds k = 2w, 2w + 1
+    assert fam._rs_chunk(3, 1) + 16 == fam._RS_BYTES == 4 * 32

@@ -149,12 +149,41 @@ def test_smooth_rule_bf16_and_fp16():
             xs, sm = qr.round_to_bf16(xs), qr.round_to_bf16(sm)
         xh = qr.smooth_input(xs, sm, dt)
         rs = (np.float32(1) / sm.astype(np.float32)).astype(np.float32)
-        prod = (xs.astype(np.float32) * rs).astype(np.float32)
+        rs = rs.astype(np.float16).astype(np.float32) if dt == "fp16" else qr.round_to_bf16(rs)
+        prod = (xs.astype(np.float32) * rs).astype(np.float32)     # exact: two 16-bit values, normal range
         want = prod.astype(np.float16).astype(np.float32) if dt == "fp16" else qr.round_to_bf16(prod)
         assert np.array_equal(xh, want)
+        # rs is rounded to D: the fp32 reciprocal itself gives other x̂ for some k (so the rule is seen)
+        rs32 = (np.float32(1) / sm.astype(np.float32)).astype(np.float32)
+        p32 = (xs.astype(np.float32) * rs32).astype(np.float32)
+        old = p32.astype(np.float16).astype(np.float32) if dt == "fp16" else qr.round_to_bf16(p32)
+        assert not np.array_equal(xh, old)
         a1, s1, _ = qr.quantize_act_ref(xs, sm, dtype=dt)
         a2, s2, _ = qr.quantize_act_ref(want.astype(np.float16) if dt == "fp16" else want, dtype=dt)
         assert np.array_equal(a1, a2) and np.array_equal(s1, s2)
+
+
+def test_round_once_is_one_rounding():
+    """round_once rounds a float64 once: no detour through float32 (which would round twice)."""
+    for dt, ulp in (("bf16", 2.0**-7), ("fp16", 2.0**-10)):
+        v = 1 + ulp / 2 + 2.0**-30          # float32 rounds it to the midpoint 1 + ulp / 2, then RNE gives 1
+        assert qr.round_once(np.array([v, -v]), dt).tolist() == [1 + ulp, -(1 + ulp)]
+        assert qr.round_once(np.array([1 + ulp / 2, 1 + 1.5 * ulp]), dt).tolist() == [1.0, 1 + 2 * ulp]
+    # subnormals and overflow
+    assert qr.round_once(np.array([2.0**-133 * 1.5, 2.0**-133 * 0.5, 2.0**-134 * 1.0000001]), "bf16").tolist() == \
+        [2.0**-132, 0.0, 2.0**-133]
+    assert qr.round_once(np.array([2.0**-24 * 2.5, 65519.9, 65520.0, -1e300, np.inf]), "fp16").tolist() == \
+        [2.0**-23, 65504.0, np.inf, -np.inf, np.inf]
+    assert qr.round_once(np.array([3.3961e38, 3.4e38]), "bf16").tolist() == [3.3895313892515355e38, np.inf]
+    assert np.isnan(qr.round_once(np.array([np.nan]), "bf16")[0])
+    assert str(qr.round_once(np.array([-0.0]), "fp16")[0]) == "-0.0"
+    # against numpy's float64 -> float16 and against float32 -> bf16 where float32 holds the value exactly
+    rng = np.random.default_rng(5)
+    v = rng.standard_normal(20000) * np.exp2(rng.uniform(-30, 17, 20000))
+    with np.errstate(over="ignore"):
+        assert np.array_equal(qr.round_once(v, "fp16"), v.astype(np.float16).astype(np.float32))
+    v32 = v.astype(np.float32)
+    assert np.array_equal(qr.round_once(v32.astype(np.float64), "bf16"), qr.round_to_bf16(v32))
 
 
 def test_lora_down_is_x_hat_times_lora_down():
@@ -274,8 +303,8 @@ def _slow(x, smooth, dt):
         for c in range(k):
             v = float(x[r][c])
             if smooth is not None:
-                rs = _r32(1.0 / float(smooth[c]))
-                v = rnd(_r32(v * rs))
+                rs = rnd(_r32(1.0 / float(smooth[c])))
+                v = rnd(v * rs)             # the float64 product of two 16-bit values is exact
             xh.append(v)
         for g in range(k // 16):
             grp = xh[16 * g: 16 * g + 16]

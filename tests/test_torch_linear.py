@@ -125,8 +125,10 @@ def test_reference_is_the_quantized_math_in_float64():
     lin = planted_linear(128, 128, seed=SEED + 7)
     x = acts(37, 128, seed=SEED + 8, outlier_cols=(9,))
     layer = W4A4Linear.from_linear(lin, rank=16, act_amax=x.abs().amax(dim=0).float())
-    # independent: x̂ rounded to bf16, numpy NVFP4 quantizer, dequantize, float64 products
-    xh = (x.float() * (1.0 / layer.smooth.float())).to(torch.bfloat16)
+    # independent: x̂ = x times the bf16 reciprocal of smooth, the product (exact in float64) rounded to bf16,
+    # numpy NVFP4 quantizer, dequantize, float64 products
+    rs = (1.0 / layer.smooth.float()).to(torch.bfloat16)
+    xh = (x.double() * rs.double()).to(torch.bfloat16)
     a_codes, a_sc = ref.quantize_nvfp4(xh.double().numpy())
     a = ref.dequantize_nvfp4(a_codes, a_sc)
     w = ref.dequantize_nvfp4(layer.qweight.numpy(), layer.wscales.view(torch.uint8).numpy())

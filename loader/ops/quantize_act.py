@@ -1,6 +1,6 @@
 """Operator ``quantize_act``: bf16/fp16 activations -> NVFP4 codes + E4M3 block scales (+ LoRA-down).
 
-    x̂            = x · (1 / smooth), rounded to x's dtype (smooth optional, [K])
+    x̂            = x · RN(1 / smooth), one rounding to x's dtype (smooth optional, [K])
     act, ascales = NVFP4(x̂)                        (exact rules: svdq_loader.testing.quantize_ref)
     lora_act_in  = x̂ @ lora_down                   (lora_down optional, [K, R]; fp32 accumulation)
 

@@ -12,16 +12,23 @@ Inputs
 
 Rules, per row m and group g of 16 consecutive k (k = 16g .. 16g + 15)
 ----------------------------------------------------------------------
-1. Smoothing (only with ``smooth``), all in fp32, then one rounding to D::
+1. Smoothing (only with ``smooth``): the reciprocal rounded to D, then one
+   exact product rounded once to D::
 
-       rs[k]   = RN32(1 / float32(smooth[k]))          IEEE division (div.rn.f32)
-       x̂[m,k]  = RN_D( RN32(float32(x[m,k]) * rs[k]) )  RN_D = round-to-nearest-even to D,
-                                                          overflow -> inf, subnormals kept
+       rs[k]   = RN_D( RN32(1 / float32(smooth[k])) )  IEEE division (div.rn.f32),
+                                                        then RN_D
+       x̂[m,k]  = RN_D( x[m,k] * rs[k] )                 the exact product of two D
+                                                        values, rounded once
+   RN_D = round-to-nearest-even to D, overflow -> inf, subnormals kept (the
+   kernel: one packed ``mul.rn.bf16x2`` / ``mul.rn.f16x2`` per pair of k).
    Without ``smooth``: x̂ = x.  So x̂ is always a D value: the same x̂ feeds the
-   codes, the scales and the LoRA product.  (Note: x̂ is x times the rounded
-   reciprocal, not the rounded quotient x / smooth: they differ by at most
-   1 ulp of fp32 before the rounding to D; this is what makes the
-   reciprocal a once-per-k cost.)
+   codes, the scales and the LoRA product.  (Note: x̂ is x times the
+   reciprocal rounded to D, not the rounded quotient x / smooth: rs carries
+   a relative error of at most 2^-9 (bf16) or 2^-12 (fp16), as much as the
+   rounding of x̂ itself and far below the 4-bit quantization step.  That
+   makes the reciprocal a once-per-k cost and the smoothing one instruction
+   per pair.  For fp16, 1 / smooth must lie in fp16's range: smooth below
+   2^-16 gives rs = inf, above 2^14 a subnormal rs.)
 2. ``amax = max |x̂|`` over the group, as fp32 (exact).  A NaN anywhere in the
    group makes amax NaN (NaN-propagating max); an inf makes it inf.
 3. ``sc = RN32(amax / 6)`` (IEEE division), then the scale byte
@@ -83,6 +90,7 @@ __all__ = [
     "e4m3_rne_satfinite",
     "e2m1_code",
     "smooth_input",
+    "round_once",
     "THRESHOLDS",
 ]
 
@@ -149,9 +157,26 @@ def smooth_input(x, smooth, dtype: str) -> np.ndarray:
         return xf.copy()
     sf = np.asarray(smooth, dtype=np.float32)
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        rs = np.float32(1.0) / sf
-        prod = (xf * rs[None, :]).astype(np.float32)
-    return _round_to(prod, dtype)
+        rs = _round_to(np.float32(1.0) / sf, dtype)
+        prod = xf.astype(np.float64) * rs.astype(np.float64)[None, :]     # exact: two D values
+    return round_once(prod, dtype)
+
+
+#: (significant bits, exponent of the smallest subnormal, exponent of the first power of two past the range)
+_FORMAT = {"bf16": (8, -133, 128), "fp16": (11, -24, 16)}
+
+
+def round_once(v, dtype: str) -> np.ndarray:
+    """float64 -> float32 holding RN_D(v): one round-to-nearest-even to D, subnormals kept, overflow -> inf,
+    NaN kept (computed in float64, so no intermediate float32 rounding)."""
+    bits, qmin, top = _FORMAT[dtype]
+    a = np.abs(np.asarray(v, dtype=np.float64))
+    with np.errstate(invalid="ignore", over="ignore"):
+        _, e = np.frexp(np.where(np.isfinite(a), a, 0.0))
+        q = np.ldexp(1.0, np.maximum(e - bits, qmin))
+        r = np.rint(a / q) * q
+        r = np.where(r >= 2.0 ** top, np.inf, r)
+    return np.copysign(r, v).astype(np.float32)
 
 
 def _dtype_of(x, dtype):

@@ -7,7 +7,8 @@ Both run on any device (the CPU tests use them too) and only use ops that
 `torch.compile` lowers and CUDA graphs can capture (no host syncs).
 
 quantize_act follows the rules of `quantize_ref` (the kernel's exact spec):
-    x̂      = (x.float() * (1 / smooth.float())).to(x.dtype)   (x̂ = x without smooth)
+    x̂      = x * (1 / smooth.float()).to(x.dtype)           (x̂ = x without smooth; a 16-bit multiply
+                                                          rounds the exact product once)
     per row and group of 16 consecutive k:
     scale  = e4m3(min(amax|x̂| / 6, 448))              (RNE cast; clamped first so it saturates)
     v      = x̂ / float(scale)                           (0 where scale == 0)
@@ -64,7 +65,7 @@ def quantize_act(x: torch.Tensor, smooth: torch.Tensor | None = None, lora_down:
         raise ValueError(f"K={k} is not a multiple of {BLOCK}")
     xh = x
     if smooth is not None:
-        xh = (x.float() * (1.0 / smooth.float())).to(x.dtype)
+        xh = x * (1.0 / smooth.float()).to(x.dtype)
     g = xh.float().view(m, k // BLOCK, BLOCK)
     amax = g.abs().amax(dim=-1)
     sc = torch.where(torch.isfinite(amax), amax / 6.0, torch.full_like(amax, float("nan")))

@@ -189,7 +189,9 @@ class W4A4Linear(nn.Module):
         from svdq_loader.testing.reference import reference_torch_f64
         x2 = self._flat_input(x).contiguous()
         act, ascales, _ = torch_quant.quantize_act(x2, self.smooth, None)
-        xh = x2 if self.smooth is None else (x2.float() * (1.0 / self.smooth.float())).to(x2.dtype)
+        # quantize_act's rule: 1 / smooth rounded to x's dtype, then a 16-bit multiply (the exact product
+        # rounded once)
+        xh = x2 if self.smooth is None else x2 * (1.0 / self.smooth.float()).to(x2.dtype)
         la = lu = None
         if self.rank:
             la = xh.to(torch.float64) @ self.lora_down.to(torch.float64)
