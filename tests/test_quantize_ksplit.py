@@ -1,7 +1,7 @@
 """`quantize_act`'s K split per row tile (`ops.quantize_act.ksplit_for`): the loader's rule, on the CPU.
 
-The values at the measured points are the fastest (or within 2 %) of the H200 sweep in docs/PERF.md
-(session 5); everywhere the split is a power of two, at most KSPLIT_MAX, at most one step per warp.
+The values at the measured points are the fastest (or within 2 %) of the H200 sweeps in docs/PERF.md
+(session 5; R = 0 at M = 4608 and K >= 12288: session 10); everywhere the split is a power of two, at most KSPLIT_MAX, at most one step per warp.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from svdq_loader.ops import quantize_act as qop
     (4608, 3072, 32, 2), (4608, 12288, 32, 2), (4608, 15360, 32, 2),
     (1024, 3072, 32, 2), (1024, 15360, 32, 2),
     (256, 3072, 32, 8), (256, 15360, 32, 8),
-    (4608, 3072, 0, 4), (4608, 15360, 0, 4),
+    (4608, 3072, 0, 4), (4608, 12288, 0, 8), (4608, 15360, 0, 8),
     (1024, 3072, 0, 4), (256, 15360, 0, 8),
 ])
 def test_measured_points(m, k, rank, want):

@@ -119,14 +119,16 @@ KSPLIT_MAX = 8
 def ksplit_for(m: int, k: int, rank: int, sm_count: int) -> int:
     """CTAs (one cluster along K) per 16-row tile of the launch, from M, K, the rank and the SM count.
 
-    The H200 sweep of docs/PERF.md (session 5): with LoRA (3 CTAs of 4 warps per SM) 2 CTAs per tile at
-    large M (finer work units than the 16-row tile: 11-14 % faster at M = 4608, K >= 12288), and below
-    one tile per SM as many as keep one CTA per SM; without LoRA (4 CTAs per SM) 4 per tile, or as many
-    as keep two CTAs per SM.  A power of two, at most KSPLIT_MAX, and at most one per step of a warp.
-    Memoised: the loader asks on every call, with the cache key's own values.
+    The H200 sweeps of docs/PERF.md: with LoRA (3 CTAs of 4 warps per SM) 2 CTAs per tile at large M
+    (finer work units than the 16-row tile: 11-14 % faster at M = 4608, K >= 12288; session 5), and below
+    one tile per SM as many as keep one CTA per SM; without LoRA (4 CTAs per SM) 4 per tile, 8 where K
+    gives every warp at least 6 steps at 8 (K >= 12288 at M = 4608: 7-8 % faster than 4; at K = 3072, 4
+    stays fastest; session 10), or as many as keep two CTAs per SM.  A power of two, at most KSPLIT_MAX,
+    and at most one per step of a warp.  Memoised: the loader asks on every call, with the cache key's
+    own values.
     """
     tiles = -(-m // 16)
-    fill, floor = (sm_count, 2) if rank else (2 * sm_count, 4)
+    fill, floor = (sm_count, 2) if rank else (2 * sm_count, 8 if k >= 64 * 4 * 8 * 6 else 4)
     s = floor
     while s < KSPLIT_MAX and tiles * 2 * s <= fill:
         s *= 2
