@@ -180,7 +180,7 @@ class W4A4Linear(nn.Module):
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         """float64 [..., N] of the layer's quantized math on x's device (exact quantizer rules, LoRA unrounded).
 
-        x̂ = (x · (1/smooth)) rounded to x's dtype; codes and scales by the
+        x̂ = x · (1/smooth rounded to x's dtype), rounded once; codes and scales by the
         rules of `svdq_loader.testing.quantize_ref` (bit-exact with the
         kernel); the GEMM, ``wcscale``, ``bias`` and ``x̂·lora_down·lora_upᵀ``
         in float64.
@@ -189,9 +189,7 @@ class W4A4Linear(nn.Module):
         from svdq_loader.testing.reference import reference_torch_f64
         x2 = self._flat_input(x).contiguous()
         act, ascales, _ = torch_quant.quantize_act(x2, self.smooth, None)
-        # quantize_act's rule: 1 / smooth rounded to x's dtype, then a 16-bit multiply (the exact product
-        # rounded once)
-        xh = x2 if self.smooth is None else x2 * (1.0 / self.smooth.float()).to(x2.dtype)
+        xh = torch_quant.smooth_input(x2, self.smooth)
         la = lu = None
         if self.rank:
             la = xh.to(torch.float64) @ self.lora_down.to(torch.float64)
