@@ -27,7 +27,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Uint8
 
-from svdq_loader.ops.decode_act import IMAGE_ROW_BLOCK
+from svdq_loader.ops.decode_act import IMAGE_ROW_BLOCK, IMAGE_TILE_ROWS
 
 from .compiled_output import compile_kernel, cubin_resource_usage, refuse_invalid
 from .sm90_decode_ptx import _adecode_prmt, _bcast, _byte_form, _scales_x128
@@ -46,12 +46,17 @@ THREADS = 128
 ROWS_PER_THREAD = 4
 _ROW_STEP = THREADS // 8                                   # rows between a thread's rows
 ROWS_PER_CTA = _ROW_STEP * ROWS_PER_THREAD                 # 64 rows of one k-tile per CTA
+assert ROWS_PER_CTA == IMAGE_ROW_BLOCK
 _K_TILE = 64
 
 
 def image_rows_dsl(m):
     """`svdq_loader.ops.decode_act.image_rows` on DSL integers (the GEMM's images producer uses it too)."""
-    return (m + (IMAGE_ROW_BLOCK - 1)) // IMAGE_ROW_BLOCK * IMAGE_ROW_BLOCK
+    cover = None
+    for t in IMAGE_TILE_ROWS:
+        whole = (m + (t - 1)) // t * t
+        cover = whole if cover is None else cutlass.max(cover, whole)
+    return (cover + (IMAGE_ROW_BLOCK - 1)) // IMAGE_ROW_BLOCK * IMAGE_ROW_BLOCK
 
 
 class _DecodeAct:
@@ -129,5 +134,17 @@ def compile(arch: str, knobs: dict, name: str, dump_dir: str, *, keep_ptx: bool 
     """Trace and cross-compile the one variant (kernel symbol ``<name>_0``)."""
     refuse_invalid(name, invalid_reason(arch, knobs))
     from svdq_loader.ops import DECODE_ACT
-    return compile_kernel(_DecodeAct, _DecodeAct(), DECODE_ACT, {}, Uint8, name, arch, dump_dir, 0,
-                          keep_ptx=keep_ptx)
+    ck = compile_kernel(_DecodeAct, _DecodeAct(), DECODE_ACT, {}, Uint8, name, arch, dump_dir, 0, keep_ptx=keep_ptx)
+    ck.recipe_hints = recipe_hints(DECODE_ACT.host_args)
+    return ck
+
+
+def recipe_hints(host_args) -> tuple:
+    """The grid's image_rows(M) / 64 as a launch-recipe expression over `host_args` (the op's (name, kind) list):
+    the max over the image tile heights of whole tiles, in 64-row CTAs; the fitter would not find it."""
+    m = ["arg", [name for name, _ in host_args].index("m")]
+    cover = None
+    for t in IMAGE_TILE_ROWS:
+        whole = ["mul", ["ceildiv", m, t], t]
+        cover = whole if cover is None else ["max", cover, whole]
+    return (["ceildiv", cover, ROWS_PER_CTA],)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+from svdq_loader.ops.decode_act import IMAGE_TILE_ROWS
+
 from .gemm_features import GemmFeatures, gemm_feature_values
 
 DEFAULT_TILE = (128, 128, 64)
@@ -200,10 +202,15 @@ def _problem(cfg: _Cfg) -> Optional[str]:
     if cfg.act_source == "images" and not is_ws(cfg):
         return (f"act_source images with schedule {cfg.schedule}: the bulk copies of the stage images are issued "
                 f"by the producer warpgroup of a warp-specialised schedule (ws, ws_splitk2, ws_splitk4)")
-    if cfg.tile_m % 64:
-        return f"tile_m {cfg.tile_m}: the activation tile is whole 64-row blocks (64, 128 or 256)"
+    if cfg.act_source == "images":
+        if cfg.tile_m not in IMAGE_TILE_ROWS:
+            return (f"tile_m {cfg.tile_m} with act_source images: the decode_act image covers whole tiles of "
+                    f"{' and '.join(map(str, IMAGE_TILE_ROWS))} rows only")
+    elif cfg.tile_m % 64:
+        return (f"tile_m {cfg.tile_m} with act_source nvfp4: the producer decodes whole 64-row blocks (64, 128 or "
+                f"256; 224 is an act_source images tile)")
     decoders = 128 if is_ws(cfg) else THREADS
-    if cfg.tile_m * (TILE_K // 32) % decoders:
+    if cfg.act_source == "nvfp4" and cfg.tile_m * (TILE_K // 32) % decoders:
         return (f"tile_m {cfg.tile_m} with schedule {cfg.schedule}: its {cfg.tile_m} x {TILE_K // 32} 32-k activation "
                 f"chunks per k-tile do not divide over the {decoders} decoding threads (the 64-row tile needs a "
                 f"warp-specialised schedule: its 128 producer threads take one chunk each)")

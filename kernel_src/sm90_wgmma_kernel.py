@@ -58,7 +58,10 @@ Two schedules (knob ``schedule``) run that same arithmetic:
   ``svdq_loader.ops.decode_act``), so the producer does no decode.  One producer thread waits on ``empty``,
   posts the stage's tile_m x 128 bytes as mbarrier transaction bytes (``full[s]`` then expects one arrival)
   and bulk-copies the k-tile's rows, one contiguous block, with ``cp.async.bulk``; the other producer
-  threads only join the split-K cluster barriers.  The rest is the ws kernel above.
+  threads only join the split-K cluster barriers.  The rest is the ws kernel above.  With no producer decode, the
+  tile height is not bound to 64-row blocks: besides 256 rows, a 224-row tile (wgmma N = 224) gives fuller waves
+  where 256-row tiles leave a short last one (M = 4608, N = 3072: 504 tiles, 3.8 waves on 132 SMs, against 432,
+  3.3); the image covers whole tiles of both heights.
 
 Launch ABI: host args = the op's (9 pointers, m, n, k, sm_count, stream); kernel params =
 the 9 pointers and m, n, k.  block = (256, 1, 1) (ws*: 384), cluster (S, 1, 1) for split K, dynamic SMEM =
@@ -602,11 +605,13 @@ class _Sm90Wgmma:
                 cute.autovec_copy(cute.local_tile(mLU, (1, 8), (n0 + r, ch * vpr + cv)), vbuf)
                 cute.autovec_copy(vbuf, cute.local_tile(sLU[None, None, 0], (1, 8), (r, cv)))
             nla = tm * vpr                  # 16-byte vectors of the lora_act_in chunk
-            assert nla % THREADS == 0 or THREADS % nla == 0
             for i in range((nla + THREADS - 1) // THREADS):
-                # the 64-row tile at a 16-rank chunk has 128 vectors for 256 threads: two threads copy each
-                # (the same bytes to the same address), so no thread needs a branch
-                v = (tidx + i * THREADS) % nla if nla < THREADS else tidx + i * THREADS
+                # where the vectors do not divide over the 256 threads (the 64-row tile at a 16-rank chunk: 128;
+                # the 224-row tile: 448 or 896), the spare threads copy a vector another thread copies too (the
+                # same bytes to the same address), so no thread needs a branch
+                v = tidx + i * THREADS
+                if cutlass.const_expr((i + 1) * THREADS > nla):
+                    v = v % nla if nla < THREADS else cutlass.min(v, nla - 1)
                 self._stage_la(mLA, sLA, vbuf, m, m0, ch, vpr, v)
             cute.arch.fence_proxy("async.shared", space="cta")
             self._mma_sync()

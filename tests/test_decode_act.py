@@ -34,7 +34,7 @@ def test_reference_images_follow_the_element_formula(m, k):
     act, asc = _random_nvfp4(rng, m, k)
     img = ref.reference_images(act, asc)
     assert img.size == D.image_bytes(m, k) == k * D.image_rows(m) * 2
-    assert D.image_rows(m) % D.IMAGE_ROW_BLOCK == 0 and m <= D.image_rows(m) < m + D.IMAGE_ROW_BLOCK
+    assert D.image_rows(m) % D.IMAGE_ROW_BLOCK == 0
     h = img.view(np.float16)
     vals = ref.decode_e2m1(ref.unpack_nibbles(act)) * np.repeat(ref.decode_e4m3(asc), 16, axis=1) * 2.0 ** -7
     rows, ks = np.meshgrid(np.arange(m), np.arange(k), indexing="ij")
@@ -46,11 +46,22 @@ def test_reference_images_follow_the_element_formula(m, k):
     assert np.all(h[~covered].view(np.uint16) == 0)                          # pad rows: +0.0
 
 
+@pytest.mark.parametrize("m, rows", [(1, 256), (64, 256), (224, 256), (256, 448), (1000, 1152), (4608, 4736),
+                                     (9728, 9856)])
+def test_image_rows_cover_whole_tiles_of_every_images_tile_height(m, rows):
+    """Worked by hand: 4608 rows are 18 tiles of 256 but 20.6 of 224, so the image needs 21 x 224 = 4704 rows,
+    rounded to 64: 4736."""
+    assert D.IMAGE_TILE_ROWS == (224, 256)
+    assert D.image_rows(m) == rows
+    for t in D.IMAGE_TILE_ROWS:
+        assert -(-m // t) * t <= rows
+
+
 def test_image_rows_of_one_tile_are_one_contiguous_block():
     """The bulk copy of a stage: rows [m0, m0 + tile_m) of k-tile t are tile_m x 128 bytes from (t * rows + m0) * 128."""
     m = 1000
     for t in (0, 3):
-        for m0, tm in ((0, 256), (256, 128), (512, 256)):
+        for m0, tm in ((0, 256), (256, 128), (512, 256), (896, 224)):
             offs = sorted(D.image_offset(m, r, t * 64 + kk) for r in range(m0, m0 + tm) for kk in range(64))
             start = (t * D.image_rows(m) + m0) * 128
             assert offs == list(range(start, start + tm * 128, 2))

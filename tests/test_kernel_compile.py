@@ -159,6 +159,20 @@ def test_invalid_reason_rejects_with_a_reason(knobs, words):
     assert isinstance(reason, str) and words in reason, reason
 
 
+def test_the_224_row_tile_is_an_images_tile_only():
+    """No producer decode, no 64-row blocks: tile_m 224 is valid for act_source images (ws, 112 accumulators) and
+    refused, with the reason, for the nvfp4 producer; an images tile height the image does not cover is refused."""
+    ok = sm90.invalid_reason(ARCH, make_knobs(tile_m=224, schedule="ws", act_source="images"))
+    assert ok is None, ok
+    nv = sm90.invalid_reason(ARCH, make_knobs(tile_m=224, schedule="ws", act_source="nvfp4"))
+    assert "tile_m 224 with act_source nvfp4" in nv and "64-row blocks" in nv
+    from svdq_kernels.sm90_plan import _Cfg, _problem
+    odd = _problem(_Cfg("bf16", 32, True, True, 192, 128, 4, schedule="ws", act_source="images"))
+    assert "tile_m 192 with act_source images" in odd and "224 and 256" in odd
+    big = _problem(_Cfg("bf16", 128, True, True, 224, 128, 4, schedule="ws", act_source="images"))
+    assert "112 accumulator registers" in big and "rank 128" in big
+
+
 def test_resource_rules_give_numbers():
     from svdq_kernels.sm90_plan import _Cfg, _problem
     # 4 stages of a 256 x 64 fp16 activation tile = 128 KiB; a 256-row LoRA chunk of 64 ranks = 64 KiB

@@ -61,7 +61,7 @@ def _built(case):
             ck = fam.compile(arch, knobs, name, d)
         host = json.loads(json.dumps(serialize_host(ck.compiled)))
         params = {s: tuple(tuple(p) for p in ps) for s, ps in kernel_params(ck.cubin).items()}
-        recipe = derive_for_op(op_spec(op), host, params, req)
+        recipe = derive_for_op(op_spec(op), host, params, req, tuple(ck.recipe_hints))   # as the build does
         _BUILT[case] = (ck, HostProgram.from_dict(host), param_sizes(ck.cubin), req, recipe)
     return _BUILT[case]
 

@@ -14,8 +14,9 @@ The image format (``images``; one home: `image_rows`, `image_bytes`,
   as an fp16 (exact: at most 6 significant bits, between 2^-17 and 21);
   the GEMM's epilogue multiplies by 2^14 (the weight side carries the
   other 2^-7);
-* rows are padded with +0.0 to `image_rows(M)` (a multiple of 256, the
-  largest GEMM tile), so every tile's rows exist;
+* rows are padded with +0.0 to `image_rows(M)`: the smallest multiple of
+  64 (one decode_act CTA) that covers whole tiles of every images tile
+  height (`IMAGE_TILE_ROWS`: 224 and 256), so every tile's rows exist;
 * k-tile major: the 64 k of k-tile t of row r are the 128 bytes at
   ``(t · image_rows(M) + r) · 128``, so the rows [m0, m0 + tile_m) of one
   k-tile are one contiguous block that one bulk copy moves into a stage;
@@ -29,8 +30,12 @@ from __future__ import annotations
 from .layouts import SCALE_LAYOUT_BY_ARCH
 from .spec import Feature, OpSpec, distinct_k_coverage, m_k_shape_rule
 
-#: Rows of one image block: M is padded to a multiple of this (the largest sm_90a activation tile).
-IMAGE_ROW_BLOCK = 256
+#: The activation tile heights (tile_m) an images GEMM form may have: the image covers whole tiles of each.
+#: 224 exists for the wave count: at M = 4608, N = 3072 its 504 tiles are 3.8 waves on 132 SMs, where 256 rows
+#: give 432 tiles, 3.3 waves (a last wave with 96 of 132 SMs idle).
+IMAGE_TILE_ROWS = (224, 256)
+#: decode_act writes 64 image rows per CTA: the image's rows are a multiple of this.
+IMAGE_ROW_BLOCK = 64
 #: k per image row (one 128-byte fp16 row of a GEMM stage)
 IMAGE_K = 64
 #: The power-of-two factor every image value carries (undone in the GEMM's epilogue with the weight's).
@@ -43,8 +48,10 @@ IMAGE_BYTES_LIMIT = 1 << 31
 
 
 def image_rows(m: int) -> int:
-    """Rows of the image of an M-row activation (M rounded up to IMAGE_ROW_BLOCK)."""
-    return -(-m // IMAGE_ROW_BLOCK) * IMAGE_ROW_BLOCK
+    """Rows of the image of an M-row activation: M rounded up to whole tiles of every IMAGE_TILE_ROWS height,
+    then to IMAGE_ROW_BLOCK."""
+    cover = max(-(-m // t) * t for t in IMAGE_TILE_ROWS)
+    return -(-cover // IMAGE_ROW_BLOCK) * IMAGE_ROW_BLOCK
 
 
 def image_bytes(m: int, k: int) -> int:
@@ -126,5 +133,5 @@ class ImagesLauncher:
         del ws
 
 
-__all__ = ["SPEC", "IMAGE_BYTES_LIMIT", "IMAGE_ROW_BLOCK", "IMAGE_K", "IMAGE_SCALE_LOG2", "image_rows", "image_bytes",
+__all__ = ["SPEC", "IMAGE_BYTES_LIMIT", "IMAGE_ROW_BLOCK", "IMAGE_TILE_ROWS", "IMAGE_K", "IMAGE_SCALE_LOG2", "image_rows", "image_bytes",
            "image_size_problem", "image_offset", "ImagesLauncher"]
