@@ -141,6 +141,34 @@ def test_sm90_rule_picks_the_session7_fastest_form(sm90_rules, shape):
     assert chosen.name == variants[best].name, select.explain(variants, sm90_rules, _problem(m, n, k)).text()
 
 
+#: session 11 (docs/PERF.md): x cuBLAS bf16, R = 32, bf16, of the 224-row and the 256-row images tiles (ws), one
+#: sweep (tools/sm90_sweep.py --quick, configs/sm90_images224.yaml)
+MEASURED_224 = {
+    (1024, 3072, 3072): (0.668, 0.604), (4608, 3072, 3072): (0.765, 0.674), (9728, 3072, 3072): (0.789, 0.789),
+    (1024, 3072, 9216): (0.738, 0.646), (4608, 3072, 9216): (0.810, 0.844), (9728, 3072, 9216): (0.859, 0.856),
+    (1024, 3072, 12288): (0.716, 0.818), (4608, 3072, 12288): (0.806, 0.806), (9728, 3072, 12288): (0.852, 0.852),
+    (1024, 12288, 3072): (0.785, 0.697), (4608, 12288, 3072): (0.867, 0.764), (9728, 12288, 3072): (0.894, 0.891),
+    (1024, 15360, 3072): (0.808, 0.716), (4608, 15360, 3072): (0.875, 0.772), (9728, 15360, 3072): (0.909, 0.910),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(MEASURED_224))
+def test_sm90_rule_takes_the_224_row_tile_where_its_waves_are_fuller(sm90_rules, shape):
+    """Among configs/flux.yaml's forms, the rule takes the 224-row images tile wherever the sweep measured it more
+    than 2 % faster than the 256-row one, and the 256-row tile wherever that was more than 2 % faster (within 2 %:
+    either)."""
+    m, k, n = shape
+    t224, t256 = MEASURED_224[shape]
+    variants = _split_forms() + [_variant("ws", 224, 1, 2, act_source="images", name="images_224")]
+    ex = select.explain(variants, sm90_rules, _problem(m, n, k), sm_count=132)
+    if t224 > 1.02 * t256:
+        assert ex.chosen.name == "images_224", ex.text()
+    elif t256 > 1.02 * t224:
+        assert ex.chosen.name == "images_256", ex.text()
+    else:
+        assert ex.chosen.name in ("images_224", "images_256"), ex.text()
+
+
 def test_sm90_rule_keeps_the_one_launch_forms_at_small_m(sm90_rules):
     variants = [_variant(*f) for f in FORMS] + [_images_256()]
     for n, k in ((3072, 3072), (3072, 12288), (12288, 3072)):
@@ -248,3 +276,13 @@ def test_sm90_rule_takes_the_16_row_gemv_form_up_to_m_16_and_the_wgmma_forms_abo
             got = select.choose(shipped + gemvs, _problem(m, n, k), sm90_rules, sm_count=132)
             assert got.name == select.choose(shipped, _problem(m, n, k), sm90_rules, sm_count=132).name
         assert select.choose(gemvs[2:3], _problem(300, n, k), sm90_rules, sm_count=132).name == "gemv64x128pf1"
+
+
+def test_sm90_rule_leaves_the_224_row_tile_out_at_m_256(sm90_rules):
+    """At M = 256 a 224-row tile would run a second M tile for 32 rows: the session-7 choices stand."""
+    variants = _split_forms() + [_variant("ws", 224, 1, 2, act_source="images", name="images_224")]
+    for m, k, n in (s for s in MEASURED_SPLIT256 if s[0] == 256):
+        row = MEASURED_SPLIT256[(m, k, n)]
+        best = max(range(len(row)), key=lambda i: row[i])
+        chosen = select.choose(variants, _problem(m, n, k), sm90_rules, sm_count=132)
+        assert chosen.name == variants[best].name
