@@ -142,11 +142,17 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _default_sigint() -> None:
+    """A shell starts background jobs with SIGINT ignored, and Python then installs no KeyboardInterrupt handler:
+    the build under test gets SIGINT's default disposition, as in a terminal, wherever the tests run."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start_build(tmp_path: Path, out: Path) -> tuple[subprocess.Popen, list[int]]:
     env = dict(os.environ, SVDQ_AOT_CACHE=str(tmp_path / "cache"))
     p = subprocess.Popen([sys.executable, "-m", "svdq_aot.cli", "build", str(TINY), "-o", str(out), "-j", "2"],
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
+                         start_new_session=True, preexec_fn=_default_sigint)
     t0 = time.time()
     kids: list[int] = []
     while time.time() - t0 < 60 and len(kids) < 2:
