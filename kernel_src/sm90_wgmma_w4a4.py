@@ -109,7 +109,13 @@ _FORMS = [{"knob": "act_decode", "values": ["prmt", "shift"]}, {"knob": "skip_pa
 #: 16 x 128 gemv tile is 1.30-1.55x faster than the best wgmma form at all four (K, N) measured at M = 1 and 16,
 #: 0.96-1.42x cuBLAS bf16).  Above M = 16 it reads the weight once per 16 rows, so the wgmma forms and the fill
 #: estimate decide again there (the gemv form ranks after every listed schedule)
-_SMALL = [{"knob": "schedule", "values": ["gemv"]}, {"knob": "tile_m", "values": [16]}]
+_SMALL = [{"knob": "schedule", "values": ["gemv"]}, {"knob": "tile_m", "values": [16]},
+          # session 11: at N >= 9216 the 16 x 64 gemv tile is 14-24 % faster than 16 x 128 (M = 1 and 16; N = 9216,
+          # 12288, 21504, K = 3072): 16 x 128 makes N / 128 >= 72 tiles, whose launch-time split of 2 fills 144 of
+          # the 264 two-per-SM CTA slots, while 16 x 64 fills 288 of 396.  At N = 3072 16 x 128 is 15-25 % faster
+          # (24 tiles split 8 ways).  Between 3072 and 9216: not measured, the 128-wide tile
+          {"knob": "tile_n", "values": [64], "when": {"dim": "n", "min": 9216}},
+          {"knob": "tile_n", "values": [128], "when": {"dim": "n", "max": 9215}}]
 SELECTION = [
     {"m_max": 16, "priority": 0, "prefer": _SMALL + [_FILL, {"knob": "tile_m", "order": "asc"},
                                                       {"knob": "act_source", "values": ["nvfp4", "images"]},

@@ -170,7 +170,7 @@ def explain(variants: Sequence, rules: Mapping[tuple[str, str, str], Rule], p: P
     ex.why.append(f"family {rule.family}: M={m} falls in the bucket {b.text(lo)}, priority {b.priority}, "
                   f"prefer: {prefs}")
     if b.prefer:
-        ex.why.append("chosen knobs: " + ", ".join(x.chosen_text(best.knobs, dims, sms) for x in b.prefer))
+        ex.why.append("chosen knobs: " + ", ".join(t for x in b.prefer if (t := x.chosen_text(best.knobs, dims, sms))))
     if sm_count is None and any(isinstance(x, Fill) for x in b.prefer):
         ex.why.append(f"the grid fill assumes {sms} SMs (no device given)")
     pre = op_spec(p.op).prepass(best.knobs)

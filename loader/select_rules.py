@@ -25,6 +25,9 @@ over knobs: per M bucket an ordered list of preferences, each over one knob::
   whose split knob has value v splits K over S CTAs (S = 1 when v is not listed) at an extra ``overhead``
   (in 128 x 128 k-steps), CTAs = ceil(M / tile_m) x ceil(N / tile_n) x S and waves = ceil(CTAs / (SMs x
   ctas_per_sm)).  Smaller is preferred; the family documents the measurements behind its constants.
+* a knob preference may carry ``"when": {"dim": "n", "min": 9216}`` (``min``
+  and/or ``max``, over ``m``, ``n`` or ``k``): it then ranks only problems
+  inside that range, and every variant equal elsewhere;
 * ``priority``: between families of one (op, arch), the lower wins (ties: the
   family name).  Within a family the preferences rank lexicographically:
   ``order`` ``asc`` (smaller first), ``desc`` (larger first), or ``values``
@@ -52,23 +55,43 @@ class Preference:
     knob: str
     order: str = "asc"                 # "asc" | "desc" | "values"
     values: tuple = ()
+    #: () or (dim, lo, hi): the preference applies only to problems with lo <= dims[dim] <= hi (None: unbounded);
+    #: elsewhere it ranks every variant equal
+    when: tuple = ()
 
     @property
     def knobs(self) -> tuple[str, ...]:
         return (self.knob,)
 
+    def applies(self, dims: Mapping[str, int]) -> bool:
+        if not self.when:
+            return True
+        dim, lo, hi = self.when
+        v = int(dims.get(dim, 1))
+        return (lo is None or v >= lo) and (hi is None or v <= hi)
+
     def rank(self, knobs: Mapping[str, Any], dims: Mapping[str, int], sm_count: int) -> tuple:
         """Sort key of a variant's knobs under this preference (smaller = preferred)."""
-        return self.key(knobs.get(self.knob))
+        return self.key(knobs.get(self.knob)) if self.applies(dims) else ()
 
     def differs(self, a: Mapping[str, Any], b: Mapping[str, Any], dims, sm_count) -> str:
         """What makes knobs `a` rank below `b` under this preference ('' when they rank equal)."""
-        if self.key(a.get(self.knob)) == self.key(b.get(self.knob)):
+        if not self.applies(dims) or self.key(a.get(self.knob)) == self.key(b.get(self.knob)):
             return ""
-        return f"{self.knob}={a.get(self.knob)} vs {b.get(self.knob)}"
+        return f"{self.knob}={a.get(self.knob)} vs {b.get(self.knob)}{self._when_text()}"
 
     def chosen_text(self, knobs: Mapping[str, Any], dims, sm_count) -> str:
-        return f"{self.knob}={knobs.get(self.knob)}"
+        return f"{self.knob}={knobs.get(self.knob)}{self._when_text()}" if self.applies(dims) else ""
+
+    def _when_text(self) -> str:
+        if not self.when:
+            return ""
+        dim, lo, hi = self.when
+        if hi is None:
+            return f" (as {dim} >= {lo})"
+        if lo is None:
+            return f" (as {dim} <= {hi})"
+        return f" (as {lo} <= {dim} <= {hi})"
 
     def key(self, value: Any) -> tuple:
         """Sort key of a knob value under this preference (smaller = preferred)."""
@@ -78,12 +101,18 @@ class Preference:
 
     def text(self) -> str:
         if self.order == "values":
-            return f"{self.knob} in the order {list(self.values)}"
-        return f"{self.knob} {'smaller' if self.order == 'asc' else 'larger'} first"
+            t = f"{self.knob} in the order {list(self.values)}"
+        else:
+            t = f"{self.knob} {'smaller' if self.order == 'asc' else 'larger'} first"
+        return t + self._when_text().replace(" (as ", " (where ")
 
     def to_dict(self) -> dict:
-        return {"knob": self.knob, "values": list(self.values)} if self.order == "values" else \
+        d = {"knob": self.knob, "values": list(self.values)} if self.order == "values" else \
             {"knob": self.knob, "order": self.order}
+        if self.when:
+            dim, lo, hi = self.when
+            d["when"] = {"dim": dim, **({"min": lo} if lo is not None else {}), **({"max": hi} if hi is not None else {})}
+        return d
 
 
 #: Work of one CTA is counted in k-steps of a tile of this area (rows x columns).
@@ -279,18 +308,41 @@ def parse_buckets(raw: Any, where: str, knobs: Sequence[str] | None = None) -> t
                 fail(qp, q, "expected {knob: name, order: asc|desc}, {knob: name, values: [...]} or {fill: {...}}")
             if knobs is not None and q["knob"] not in knobs:
                 fail(f"{qp}.knob", q["knob"], f"not a knob of this family (knobs: {', '.join(knobs)})")
-            if set(q) == {"knob", "order"} and q["order"] in ORDERS:
-                prefs.append(Preference(q["knob"], q["order"]))
-            elif set(q) == {"knob", "values"} and isinstance(q["values"], (list, tuple)) and q["values"] \
+            when = _parse_when(q["when"], f"{qp}.when", fail) if "when" in q else ()
+            keys = set(q) - {"when"}
+            if keys == {"knob", "order"} and q["order"] in ORDERS:
+                prefs.append(Preference(q["knob"], q["order"], when=when))
+            elif keys == {"knob", "values"} and isinstance(q["values"], (list, tuple)) and q["values"] \
                     and all(isinstance(v, (bool, int, str)) for v in q["values"]):
-                prefs.append(Preference(q["knob"], "values", tuple(q["values"])))
+                prefs.append(Preference(q["knob"], "values", tuple(q["values"]), when=when))
             else:
-                fail(qp, q, "expected {knob, order: asc|desc} or {knob, values: [non-empty list of knob values]}")
+                fail(qp, q, "expected {knob, order: asc|desc} or {knob, values: [non-empty list of knob values]}, "
+                            "each with an optional when: {dim, min, max}")
         out.append(Bucket(m_max, prio, tuple(prefs)))
         last = m_max if m_max is not None else last
     if out[-1].m_max is not None:
         fail(f"buckets[{len(out) - 1}].m_max", out[-1].m_max, "the last bucket must be unbounded (m_max null)")
     return tuple(out)
+
+
+#: The problem dims a `when` condition may read.
+WHEN_DIMS = ("m", "n", "k")
+
+
+def _parse_when(raw: Any, path: str, fail) -> tuple:
+    """``{dim, min, max}`` (min and/or max, integers, min <= max) -> (dim, lo, hi)."""
+    if not isinstance(raw, Mapping) or set(raw) - {"dim", "min", "max"} or "dim" not in raw \
+            or not ({"min", "max"} & set(raw)):
+        fail(path, raw, "expected {dim: m|n|k, min: integer and/or max: integer}")
+    if raw["dim"] not in WHEN_DIMS:
+        fail(f"{path}.dim", raw["dim"], f"expected one of {', '.join(WHEN_DIMS)}")
+    lo, hi = raw.get("min"), raw.get("max")
+    for key, v in (("min", lo), ("max", hi)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            fail(f"{path}.{key}", v, "expected an integer")
+    if lo is not None and hi is not None and lo > hi:
+        fail(path, raw, "expected min <= max")
+    return (raw["dim"], lo, hi)
 
 
 def parse_rule(raw: Any, where: str) -> Rule:

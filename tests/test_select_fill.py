@@ -286,3 +286,62 @@ def test_sm90_rule_leaves_the_224_row_tile_out_at_m_256(sm90_rules):
         best = max(range(len(row)), key=lambda i: row[i])
         chosen = select.choose(variants, _problem(m, n, k), sm90_rules, sm_count=132)
         assert chosen.name == variants[best].name
+
+
+#: session 11 (docs/PERF.md): µs of the 16 x 128 and 16 x 64 gemv tiles, R = 32, bf16, one sweep
+#: (tools/sm90_sweep.py --quick), (M, K, N) -> (16 x 128, 16 x 64)
+MEASURED_GEMV_N = {
+    (1, 3072, 3072): (9.5, 11.8), (16, 3072, 3072): (9.8, 12.3), (1, 3072, 9216): (16.5, 13.6),
+    (16, 3072, 9216): (17.7, 15.1), (1, 3072, 12288): (16.6, 13.8), (16, 3072, 12288): (18.0, 15.3),
+    (1, 3072, 21504): (26.5, 21.4), (16, 3072, 21504): (28.5, 23.8), (1, 12288, 3072): (17.7, 20.7),
+    (16, 12288, 3072): (18.7, 22.0), (1, 15360, 3072): (20.3, 23.5), (16, 15360, 3072): (21.5, 25.0),
+}
+
+
+def _gemv16(tile_n):
+    v = _variant("gemv", 16, 1, 2, name=f"gemv16x{tile_n}")
+    v.knobs["tile_n"] = tile_n
+    v.requirements = dict(n_multiple=tile_n, k_multiple=128)
+    return v
+
+
+@pytest.mark.parametrize("shape", sorted(MEASURED_GEMV_N))
+def test_sm90_rule_picks_the_faster_gemv_width_by_n(sm90_rules, shape):
+    """configs/flux.yaml's forms with both 16-row gemv tiles: the rule takes the one the sweep measured faster, at
+    every shape (the 64-wide tile where N >= 9216), and says why."""
+    m, k, n = shape
+    t128, t64 = MEASURED_GEMV_N[shape]
+    variants = [_variant(*f) for f in FORMS] + [_images_256(), _gemv16(128), _gemv16(64)]
+    ex = select.explain(variants, sm90_rules, _problem(m, n, k), sm_count=132)
+    assert ex.chosen.name == ("gemv16x64" if t64 < t128 else "gemv16x128"), ex.text()
+    assert f"tile_n={ex.chosen.knobs['tile_n']} (as n " in " ".join(ex.why)
+
+
+def test_sm90_rule_leaves_the_64_wide_gemv_tile_out_above_m_16(sm90_rules):
+    variants = [_variant(*f) for f in FORMS] + [_images_256(), _gemv16(128), _gemv16(64)]
+    for m in (17, 64, 1024):
+        for n in (3072, 12288, 21504):
+            assert select.choose(variants, _problem(m, n, 3072), sm90_rules, sm_count=132).knobs["schedule"] != "gemv"
+
+
+def test_when_conditions_rank_only_inside_their_range_and_round_trip():
+    raw = [{"m_max": None, "prefer": [{"knob": "tile_n", "values": [64], "when": {"dim": "n", "min": 9216}},
+                                      {"knob": "tile_m", "order": "desc", "when": {"dim": "k", "min": 128, "max": 256}},
+                                      {"knob": "tile_m", "order": "asc"}]}]
+    b = parse_buckets(raw, "t", ["tile_m", "tile_n"])
+    assert [p.to_dict() for p in b[0].prefer] == raw[0]["prefer"]
+    p_n, p_k, _ = b[0].prefer
+    a, c = {"tile_n": 64, "tile_m": 16}, {"tile_n": 128, "tile_m": 64}
+    assert p_n.rank(a, {"n": 9216}, 132) < p_n.rank(c, {"n": 9216}, 132)
+    assert p_n.rank(a, {"n": 9215}, 132) == p_n.rank(c, {"n": 9215}, 132) == ()
+    assert p_n.differs(c, a, {"n": 12288}, 132) == "tile_n=128 vs 64 (as n >= 9216)"
+    assert p_n.differs(c, a, {"n": 3072}, 132) == "" and p_n.chosen_text(a, {"n": 3072}, 132) == ""
+    assert p_k.applies({"k": 128}) and p_k.applies({"k": 256}) and not p_k.applies({"k": 512})
+    assert p_k.text() == "tile_m larger first (where 128 <= k <= 256)"
+    for when, match in (({"dim": "x", "min": 1}, r"when.dim: 'x': expected one of m, n, k"),
+                        ({"dim": "n"}, r"when: .*expected \{dim"), ({"dim": "n", "min": "9"}, r"when.min: '9'"),
+                        ({"dim": "n", "min": 9, "max": 8}, r"expected min <= max"),
+                        ({"dim": "n", "min": 1, "step": 2}, r"when: .*expected \{dim")):
+        with pytest.raises(RuleError, match=match):
+            parse_buckets([{"m_max": None, "prefer": [{"knob": "tile_n", "values": [64], "when": when}]}], "t",
+                          ["tile_n"])
