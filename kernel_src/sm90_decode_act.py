@@ -27,7 +27,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Uint8
 
-from svdq_loader.ops.decode_act import IMAGE_ROW_BLOCK, IMAGE_TILE_ROWS
+from svdq_loader.ops.decode_act import IMAGE_ROW_BLOCK, image_rows_by
 
 from .compiled_output import compile_kernel, cubin_resource_usage, refuse_invalid
 from .sm90_decode_ptx import _adecode_prmt, _bcast, _byte_form, _scales_x128
@@ -52,11 +52,7 @@ _K_TILE = 64
 
 def image_rows_dsl(m):
     """`svdq_loader.ops.decode_act.image_rows` on DSL integers (the GEMM's images producer uses it too)."""
-    cover = None
-    for t in IMAGE_TILE_ROWS:
-        whole = (m + (t - 1)) // t * t
-        cover = whole if cover is None else cutlass.max(cover, whole)
-    return (cover + (IMAGE_ROW_BLOCK - 1)) // IMAGE_ROW_BLOCK * IMAGE_ROW_BLOCK
+    return image_rows_by(m, lambda x, t: (x + (t - 1)) // t * t, cutlass.max)
 
 
 class _DecodeAct:
@@ -140,11 +136,8 @@ def compile(arch: str, knobs: dict, name: str, dump_dir: str, *, keep_ptx: bool 
 
 
 def recipe_hints(host_args) -> tuple:
-    """The grid's image_rows(M) / 64 as a launch-recipe expression over `host_args` (the op's (name, kind) list):
-    the max over the image tile heights of whole tiles, in 64-row CTAs; the fitter would not find it."""
+    """The grid's image_rows(M) / 64 as a launch-recipe expression over `host_args` (the op's (name, kind) list);
+    the fitter would not find it."""
     m = ["arg", [name for name, _ in host_args].index("m")]
-    cover = None
-    for t in IMAGE_TILE_ROWS:
-        whole = ["mul", ["ceildiv", m, t], t]
-        cover = whole if cover is None else ["max", cover, whole]
-    return (["ceildiv", cover, ROWS_PER_CTA],)
+    rows = image_rows_by(m, lambda x, t: ["mul", ["ceildiv", x, t], t], lambda a, b: ["max", a, b])
+    return (["floordiv", rows, ROWS_PER_CTA],)

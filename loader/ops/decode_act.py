@@ -47,11 +47,20 @@ IMAGE_SCALE_LOG2 = -7
 IMAGE_BYTES_LIMIT = 1 << 31
 
 
+def image_rows_by(m, round_up, maximum):
+    """The image_rows rule over any integer arithmetic: `round_up(x, t)` is x rounded up to a multiple of the
+    constant t, `maximum(a, b)` the larger.  The one statement of the rule, evaluated on Python ints here, on DSL
+    integers by the kernels and as launch-recipe expressions by decode_act's recipe hint."""
+    cover = round_up(m, IMAGE_TILE_ROWS[0])
+    for t in IMAGE_TILE_ROWS[1:]:
+        cover = maximum(cover, round_up(m, t))
+    return round_up(cover, IMAGE_ROW_BLOCK)
+
+
 def image_rows(m: int) -> int:
     """Rows of the image of an M-row activation: M rounded up to whole tiles of every IMAGE_TILE_ROWS height,
     then to IMAGE_ROW_BLOCK."""
-    cover = max(-(-m // t) * t for t in IMAGE_TILE_ROWS)
-    return -(-cover // IMAGE_ROW_BLOCK) * IMAGE_ROW_BLOCK
+    return image_rows_by(m, lambda x, t: -(-x // t) * t, max)
 
 
 def image_bytes(m: int, k: int) -> int:
@@ -133,5 +142,6 @@ class ImagesLauncher:
         del ws
 
 
-__all__ = ["SPEC", "IMAGE_BYTES_LIMIT", "IMAGE_ROW_BLOCK", "IMAGE_TILE_ROWS", "IMAGE_K", "IMAGE_SCALE_LOG2", "image_rows", "image_bytes",
+__all__ = ["SPEC", "IMAGE_BYTES_LIMIT", "IMAGE_ROW_BLOCK", "IMAGE_TILE_ROWS", "IMAGE_K", "IMAGE_SCALE_LOG2", "image_rows", "image_rows_by",
+           "image_bytes",
            "image_size_problem", "image_offset", "ImagesLauncher"]

@@ -113,6 +113,10 @@ def plan_call(arch: str, x, *, smooth=None, lora_down=None, out_act=None, out_sc
 
 #: Most CTAs of one row tile that split its K (the cluster size; 8 is the portable limit).
 KSPLIT_MAX = 8
+#: k one step of a CTA's four warps covers (64 k per warp step)
+_CTA_STEP_K = 64 * 4
+#: Without LoRA, 8 CTAs per tile where each warp still gets at least this many steps (session 10)
+_MIN_WARP_STEPS_AT_8 = 6
 
 
 @functools.lru_cache(maxsize=4096)
@@ -128,11 +132,11 @@ def ksplit_for(m: int, k: int, rank: int, sm_count: int) -> int:
     own values.
     """
     tiles = -(-m // 16)
-    fill, floor = (sm_count, 2) if rank else (2 * sm_count, 8 if k >= 64 * 4 * 8 * 6 else 4)
+    fill, floor = (sm_count, 2) if rank else (2 * sm_count, 8 if k >= _CTA_STEP_K * 8 * _MIN_WARP_STEPS_AT_8 else 4)
     s = floor
     while s < KSPLIT_MAX and tiles * 2 * s <= fill:
         s *= 2
-    steps_per_warp_group = k // (64 * 4)
+    steps_per_warp_group = k // _CTA_STEP_K
     while s > 1 and s > steps_per_warp_group:
         s //= 2
     return s
