@@ -30,8 +30,11 @@ handshake:
   own SMEM, a cluster barrier publishes them, the owner adds them in rank order (``mapa`` +
   ``ld.shared::cluster``), a second barrier keeps them alive until read, and the owner alone runs the epilogue.
 * **Epilogue** (owner warps): ``acc · 2^14 · wcscale[n]``, then LoRA as more ``mma.sync`` (A = ``lora_up`` rows,
-  B = ``lora_act_in`` rows, both loaded straight from global in the output dtype), then ``+ bias[n]``, and a
-  predicated store of rows < m.
+  B = ``lora_act_in`` rows, both loaded straight from global in the output dtype), then ``+ bias[n]``.  At tile_m 16
+  the owners load all of these operands before the split-K barrier (their DRAM round trip overlaps it), the
+  reduction issues four peers' loads before it adds them, and the output leaves as transposed 16-bit pairs, one
+  32-bit store per pair of columns (``sm90_epilogue_ptx``; 8-17 % faster at M <= 16, docs/PERF.md session 12).
+  tile_m 64 keeps the loads after the reduction and stores 16-bit values: its registers are at the 2-CTA limit.
 
 Launch ABI: the wgmma form's (host args: 9 pointers, m, n, k, sm_count, stream; kernel params: 9 pointers, m, n,
 k); block (2·tile_n, 1, 1), cluster (S, 1, 1), grid = tiles x S.  Preconditions (the loader's shape rule):
@@ -46,8 +49,8 @@ from cutlass import Float32, Int32, Int64
 from .quantize_act import (_asm, _cp_async4 as _cp4, _cp_async16_cg as _cp16, _cp_commit, _cp_wait, _lds_u32, _lds_v4,
                            _mma)
 from .sm90_plan import GEMV_CHUNK, gemv_layout
-from .sm90_decode_ptx import (_adecode_prmt, _bcast, _byte_form, _ld_cluster_v4f, _scales_x128, _sts_v4f,
-                              _wdecode)
+from .sm90_decode_ptx import _adecode_prmt, _bcast, _byte_form, _ld_cluster_v4f, _scales_x128, _sts_v4f, _wdecode
+from .sm90_epilogue_ptx import _ld_cluster_v4f_pred, pair_blocks, store_yt_pairs
 
 PHASE_K = 128          # k per activation phase (two 64-k k-tiles)
 MAX_SPLIT = 8          # portable cluster size
@@ -118,6 +121,11 @@ def _pack1(x, dtype: str):
     return _asm("{\n.reg .b16 h;\n" + op + " h, $1;\ncvt.u32.u16 $0, h;\n}", (Int32,), [x], "=r,f")
 
 
+def _ctaid_x():
+    """%ctaid.x through a side-effecting asm read, so that the compiler recomputes what depends on it here."""
+    return _asm("mov.u32 $0, %ctaid.x;", (Int32,), [], "=r", True)
+
+
 class _Sm90Gemv:
     KERNEL_METHODS = ("kernel",)
     MMA_PTX = "mma.sync.aligned.m16n8k16"         # the main loop's MMA (the family's static check)
@@ -134,6 +142,7 @@ class _Sm90Gemv:
         self.nacc = 4 * (self.tm // 8)              # fp32 accumulators per thread: one m16n8 C per n8 block
         self.prefetch = cfg.prefetch                # k-tiles of weight words read and decoded per ring wait
         self.smem_bytes = self.lay.smem_bytes
+        self.paired_store = self.tm == 16           # tile_m 64 stores 16-bit values (see _epilogue)
 
     def recipe_hints(self, host_args) -> tuple:
         """The host code's launch as launch-recipe expressions over `host_args` (the op's (name, kind) list): the
@@ -202,6 +211,13 @@ class _Sm90Gemv:
         wsrc = p_wgt.toint() + (Int64(nb) * KT * 128 + t128) * 16          # + kt * 2048
         ssrc = p_wsc.toint() + (Int64(nb) * KT * 32 + t128 // 4) * 8       # + kt * 256
         kt_abs0 = 2 * ph0
+
+        # tile_m 16: the owner warps (w % S == rank, see below) load the epilogue's operands before the split-K
+        # barrier, so their DRAM round trip overlaps it.  tile_m 64 holds 4 x the accumulators and 5 x the LoRA words
+        # (160 registers at rank 128), and its registers are at the 2-CTA limit: there the loads stay after the
+        # reduction, one 16-rank chunk at a time.  (An L2 prefetch of these operands at kernel start was measured on
+        # top of this and dropped: no faster anywhere, and up to 12 % slower at N = 21504 with S = 1.)
+        EARLY = self.tm == 16
 
         # ---- this thread's activation tasks (task = tid + i * threads): row (task % 64) // 4, 32 k at
         # 32 * (task % 4) of phase task // 64 of the slot (tile_m 64: one phase per slot, so phase 0); a task's raw
@@ -369,11 +385,27 @@ class _Sm90Gemv:
                             self._decode_raw(c, ph + 1, i)
                 cute.arch.sync_threads()
         _cp_wait(0)
+        # the tile's origin again, from %ctaid read anew (an asm read the compiler cannot merge with the first):
+        # carried across the main loop instead, m0 took a stack slot in some variants (ptxas kept 80 registers)
+        tile = _ctaid_x() // S
+        tm_i = tile // tiles_n
+        m0 = tm_i * self.tm
+        n0 = (tile - tm_i * tiles_n) * self.tn
+        epf = cute.make_rmem_tensor((4,), Float32)                    # 2^14·wcscale and bias of rows g, g + 8
+        owner = Int32((warp % S) == rank)
+        r0 = n0 + (warp // 4) * 64 + (warp % 4) * 16
+        PER = 4 + self.tm // 4                                         # LoRA words per 16 ranks
+        epw = cute.make_rmem_tensor((max(1, self.rank // 16 * PER if EARLY else PER),), Int32)
+        rows = (r0 + g, r0 + g + 8)
+        if cutlass.const_expr(EARLY):
+            if owner != 0:
+                self._load_affine(p_wc, p_bias, rows, epf)
+                for rs in cutlass.range_constexpr(self.rank // 16):
+                    self._load_lora(p_la, p_lu, m, m0, rows, g, c4, rs, epw, rs * PER)
 
         # ---- split K: owner warps (w % S == rank) add the other ranks' partial sums ----------------------
         Q = self.nacc // 4
         red = abuf + warp * (512 * Q) + lane * 16        # this thread's nacc floats, Q x 16 bytes, 512 apart
-        owner = Int32((warp % S) == rank)
         if S > 1:
             if owner == 0:
                 for i in cutlass.range_constexpr(Q):
@@ -381,17 +413,33 @@ class _Sm90Gemv:
             cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
             if owner != 0:
-                for r in cutlass.range(0, S, 1, unroll=1):
-                    if r != rank:
-                        for i in cutlass.range_constexpr(Q):
-                            v = _ld_cluster_v4f(red + i * 512, r)
-                            for e in cutlass.range_constexpr(4):
-                                acc[4 * i + e] = acc[4 * i + e] + v[e]
+                # in rank order, the owner's own sums first
+                if cutlass.const_expr(EARLY):
+                    # tile_m 16: the loads of four ranks are all issued before any of them is added (ranks >= S or
+                    # = rank load nothing and add zeros), so their latencies overlap
+                    for r_lo in cutlass.range_constexpr(0, MAX_SPLIT, 4):
+                        parts = []
+                        for r in cutlass.range_constexpr(r_lo, r_lo + 4):
+                            ok = Int32(r < S) * Int32(r != rank)
+                            parts.append([_ld_cluster_v4f_pred(red + i * 512, r, ok) for i in range(Q)])
+                        for ri in cutlass.range_constexpr(4):
+                            for i in cutlass.range_constexpr(Q):
+                                for e in cutlass.range_constexpr(4):
+                                    acc[4 * i + e] = acc[4 * i + e] + parts[ri][i][e]
+                else:
+                    # tile_m 64 (32 accumulators): one peer at a time
+                    for r in cutlass.range(0, S, 1, unroll=1):
+                        if r != rank:
+                            for i in cutlass.range_constexpr(Q):
+                                v = _ld_cluster_v4f(red + i * 512, r)
+                                for e in cutlass.range_constexpr(4):
+                                    acc[4 * i + e] = acc[4 * i + e] + v[e]
             cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
         if owner != 0:
-            self._epilogue(p_la, p_lu, p_wc, p_bias, p_out, m, n, m0, n0 + (warp // 4) * 64 + (warp % 4) * 16,
-                           g, c4, mrem, acc)
+            if cutlass.const_expr(not EARLY):
+                self._load_affine(p_wc, p_bias, rows, epf)
+            self._epilogue(p_la, p_lu, p_out, m, n, m0, r0, lane, acc, epf, epw, EARLY)
 
     class _Ctx:
         """Trace-time bag of the kernel's per-thread addresses (the helpers below stay out of the AST rewrite)."""
@@ -444,40 +492,62 @@ class _Sm90Gemv:
             chunk = (akc % 2) * 4 + w
             _sts_v4(dst0 + swizzled_chunk(arow, chunk) * 16, d[0], d[1], d[2], d[3])
 
-    def _epilogue(self, p_la, p_lu, p_wc, p_bias, p_out, m, n, m0, r0, g, c4, mrem, acc):
-        """acc[n, m] (rows r0 + g, r0 + g + 8) -> ·2^14·wcscale, + LoRA, + bias, stored where m < M."""
-        rows = (r0 + g, r0 + g + 8)
-        coef = []
+    def _load_affine(self, p_wc, p_bias, rows, epf):
+        """epf = (2^14·wcscale, bias) of the thread's two rows; a variant without wcscale or bias writes nothing
+        there (the epilogue uses 2^14 and skips the bias: an element written in one branch only and never read
+        kept a stack slot)."""
         for h in range(2):
             if cutlass.const_expr(self.cfg.wcscale):
-                coef.append(_ldg_f32(p_wc.toint() + Int64(rows[h]) * 4) * Float32(_ACC_UNSCALE))
-            else:
-                coef.append(Float32(_ACC_UNSCALE))
+                epf[h] = _ldg_f32(p_wc.toint() + Int64(rows[h]) * 4) * Float32(_ACC_UNSCALE)
+            if cutlass.const_expr(self.cfg.bias):
+                epf[2 + h] = _ldg_f32(p_bias.toint() + Int64(rows[h]) * 4)
+
+    def _load_lora(self, p_la, p_lu, m, m0, rows, g, c4, rs, epw, at):
+        """Ranks 16·rs .. 16·rs + 15 into epw[at ..): the four lora_up words of the thread's MMA A fragment, then two
+        lora_act_in words (its B fragment) per n8 block of activation rows.  Row addresses first, so each word is
+        a constant offset from one of them."""
+        R = self.rank
+        lu = [p_lu.toint() + (Int64(rows[h]) * R + 2 * c4) * 2 for h in range(2)]
+        la = [p_la.toint() + (Int64(cutlass.min(m0 + 8 * b + g, m - 1)) * R + 2 * c4) * 2 for b in range(self.tm // 8)]
+        rk = 32 * rs                                     # byte offset of rank 16·rs
+        epw[at + 0] = _ldg_u32(lu[0] + rk)
+        epw[at + 1] = _ldg_u32(lu[1] + rk)
+        epw[at + 2] = _ldg_u32(lu[0] + rk + 16)
+        epw[at + 3] = _ldg_u32(lu[1] + rk + 16)
+        for b in range(self.tm // 8):
+            epw[at + 4 + 2 * b] = _ldg_u32(la[b] + rk)
+            epw[at + 5 + 2 * b] = _ldg_u32(la[b] + rk + 16)
+
+    def _epilogue(self, p_la, p_lu, p_out, m, n, m0, r0, lane, acc, epf, epw, early: bool):
+        """acc[n, m] (rows r0 + g, r0 + g + 8) -> ·2^14·wcscale, + LoRA, + bias, stored where m < M.  `early`: every
+        LoRA word is in epw already, and the store transposes pairs (``sm90_epilogue_ptx``); otherwise each 16-rank
+        chunk is loaded into epw just before its MMAs, and values are stored one at a time."""
+        g, c4 = lane // 4, lane % 4
         for i in range(self.nacc):
-            acc[i] = acc[i] * coef[(i // 2) % 2]
+            acc[i] = acc[i] * (epf[(i // 2) % 2] if self.cfg.wcscale else Float32(_ACC_UNSCALE))
         R = self.rank
         if cutlass.const_expr(R > 0):
-            lub = p_lu.toint()
-            lab = p_la.toint()
+            per = 4 + self.tm // 4
             for rs in range(R // 16):
-                rk = 16 * rs + 2 * c4
-                a = [_ldg_u32(lub + (Int64(rows[0]) * R + rk) * 2), _ldg_u32(lub + (Int64(rows[1]) * R + rk) * 2),
-                     _ldg_u32(lub + (Int64(rows[0]) * R + rk + 8) * 2),
-                     _ldg_u32(lub + (Int64(rows[1]) * R + rk + 8) * 2)]
+                w = rs * per if early else 0
+                if not early:
+                    self._load_lora(p_la, p_lu, m, m0, (r0 + g, r0 + g + 8), g, c4, rs, epw, 0)
+                a = [epw[w + q] for q in range(4)]
                 for b in range(self.tm // 8):
-                    mr = cutlass.min(m0 + 8 * b + g, m - 1)
-                    bb = [_ldg_u32(lab + (Int64(mr) * R + rk) * 2), _ldg_u32(lab + (Int64(mr) * R + rk + 8) * 2)]
-                    res = _mma(self.dt, [acc[4 * b + i] for i in range(4)], a, bb)
+                    res = _mma(self.dt, [acc[4 * b + i] for i in range(4)], a, [epw[w + 4 + 2 * b], epw[w + 5 + 2 * b]])
                     for i in range(4):
                         acc[4 * b + i] = res[i]
         if cutlass.const_expr(self.cfg.bias):
-            bv = [_ldg_f32(p_bias.toint() + Int64(rows[h]) * 4) for h in range(2)]
             for i in range(self.nacc):
-                acc[i] = acc[i] + bv[(i // 2) % 2]
-        ob = p_out.toint()
-        for b in range(self.tm // 8):
-            for i in range(4):
-                col = 8 * b + 2 * c4 + i % 2            # activation row within the tile
-                ok = Int32(col < mrem)
-                mm = cutlass.min(m0 + col, m - 1)
-                _st_u16_pred(ob + (Int64(mm) * n + rows[i // 2]) * 2, _pack1(acc[4 * b + i], self.dt), ok)
+                acc[i] = acc[i] + epf[2 + (i // 2) % 2]
+        if early:
+            store_yt_pairs(p_out.toint(), n, m, m0, r0, lane, acc, pair_blocks(1, self.tm), self.dt)
+        else:
+            # tile_m 64: 16-bit stores (the transposed pairs take it from 128 to 140 registers at rank 64, prefetch 2)
+            ob = p_out.toint()
+            for b in range(self.tm // 8):
+                for i in range(4):
+                    col = 8 * b + 2 * c4 + i % 2            # activation row within the tile
+                    mm = cutlass.min(m0 + col, m - 1)
+                    _st_u16_pred(ob + (Int64(mm) * n + r0 + g + 8 * (i // 2)) * 2, _pack1(acc[4 * b + i], self.dt),
+                                 Int32(m0 + col < m))

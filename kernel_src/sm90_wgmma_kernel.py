@@ -24,7 +24,9 @@ The kernel computes the transposed product ``Yᵀ[n, m] = Σ_k W[n,k]·A[m,k]`` 
 * **Scale bookkeeping.** Both operands carry a factor ``2^-7``; the epilogue multiplies the
   accumulators by ``2^14·wcscale[n]`` (exact: a power of two), *then* adds LoRA as extra
   wgmmas into the same accumulators (``lora_up`` from SMEM as A, ``lora_act_in`` from SMEM as
-  B, output dtype, rank in chunks of up to 64), then ``bias[n]``; predicated store of rows < m.
+  B, output dtype, rank in chunks of up to 64), then ``bias[n]``.  The store transposes accumulator pairs across
+  the warp (``sm90_epilogue_ptx``: ``movmatrix``, then one 32-bit store per two output columns, rows >= m predicated
+  off); it made the images tiles 5-6 % faster at K = 3072 (docs/PERF.md, session 12).
 * **Persistent tiles.** grid = min(sm_count, tiles) CTAs (``sm_count`` is a host argument the
   loader fills from the device), each walking tiles ``blockIdx.x, +gridDim.x, ...``; within
   an M band the N tiles are adjacent, so CTAs running together share activation rows.
@@ -86,6 +88,7 @@ except ImportError:  # older DSL
 from .sm90_decode_act import image_rows_dsl
 from .sm90_decode_ptx import (_adecode, _adecode_prmt, _bcast, _bulk_g2s, _byte_form, _ld_cluster_v4f, _scales_x128,
                               _sts_v4f, _wdecode)
+from .sm90_epilogue_ptx import pair_blocks, store_yt_pairs
 from .sm90_plan import (TILE_K, THREADS, WS_CONSUMER_REGS, WS_PRODUCER_REGS, _Cfg, _lora_chunk, _problem,
                         _smem_plan, is_ws, k_unroll, ksplit_of, ring_slot, split_k_share, threads_of)
 
@@ -101,6 +104,7 @@ def _k(first, j):
 class _Sm90Wgmma:
     KERNEL_METHODS = ("kernel", "kernel_ws")      # schedule coop / ws and ws_splitk*
     MMA_PTX = "wgmma.mma_async"                   # the main loop's MMA (the family's static check)
+    paired_store = True                           # the output leaves as transposed 16-bit pairs (static check too)
 
     def recipe_hints(self, host_args) -> tuple:
         """No hints: the launch recipe fitter finds this host code's launch by itself."""
@@ -156,8 +160,9 @@ class _Sm90Wgmma:
                 grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream)
 
     # -- helpers (trace time) -------------------------------------------------
-    def _gmem_views(self, p_act, p_asc, p_wgt, p_wsc, p_out, m, n, k):
-        """num_kt, kw and the global tensors: activation words and scale pairs, weight fragments and scales, out."""
+    def _gmem_views(self, p_act, p_asc, p_wgt, p_wsc, m, n, k):
+        """num_kt, kw and the global tensors: activation words and scale pairs, weight fragments and scales (the
+        output is written through its pointer, ``_store_out``)."""
         num_kt = cute.assume(k // TILE_K, divby=2)
         kw = cute.assume(k // 8, divby=16)          # 32-bit words of packed nibbles per activation row
         kq = cute.assume(k // 32, divby=4)          # 16-bit scale pairs per activation row
@@ -166,8 +171,7 @@ class _Sm90Wgmma:
         nwords = (n // 64) * num_kt * 512
         mWq = cute.make_tensor(cute.recast_ptr(p_wgt, dtype=Int32), cute.make_layout(nwords))
         mWs = cute.make_tensor(cute.recast_ptr(p_wsc, dtype=Int32), cute.make_layout(nwords // 8))
-        mOut = cute.make_tensor(p_out, cute.make_layout((m, n), stride=(n, 1)))
-        return num_kt, kw, mActW, mAscH, mWq, mWs, mOut
+        return num_kt, kw, mActW, mAscH, mWq, mWs
 
     def _stages(self, base):
         """The activation stages: `stages` 128-byte-swizzled K-major fp16 tiles of tile_m x 64 at `base`."""
@@ -177,7 +181,7 @@ class _Sm90Wgmma:
 
     def _mma_parts(self, sA, tid):
         """For MMA thread `tid` (0..255): the register-A tiled wgmma, its B view of the stages, the two weight
-        fragment buffers (as wgmma A operands and as Int32 words), the accumulators and their coordinates."""
+        fragment buffers (as wgmma A operands and as Int32 words) and the accumulators (layout: ``_store_out``)."""
         tm, tn = self.tm, self.tn
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
             Float16, Float16, OperandMajorMode.K, OperandMajorMode.K, Float32, (2, 1, 1), (64, tm),
@@ -190,8 +194,7 @@ class _Sm90Wgmma:
         fragW = tuple(cute.make_tensor(cute.recast_ptr(f.iterator, dtype=Int32),
                                        cute.make_layout(16 * self.atoms)) for f in fragA)
         acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((tn, tm)), Float32)
-        tCcC = thr_mma.partition_C(cute.make_identity_tensor((tn, tm)))
-        return tiled_mma, tCrB, fragA, fragW, acc, tCcC
+        return tiled_mma, tCrB, fragA, fragW, acc
 
     def _buffers(self, tidx):
         ca, at = range(self.chunks_a), range(self.atoms)
@@ -256,7 +259,7 @@ class _Sm90Wgmma:
         gdim, _, _ = cute.arch.grid_dim()
         wg = tidx // 128
 
-        num_kt, kw, mActW, mAscH, mWq, mWs, mOut = self._gmem_views(p_act, p_asc, p_wgt, p_wsc, p_out, m, n, k)
+        num_kt, kw, mActW, mAscH, mWq, mWs = self._gmem_views(p_act, p_asc, p_wgt, p_wsc, m, n, k)
 
         # ---- SMEM ---------------------------------------------------------------
         smem = cutlass.utils.SmemAllocator()
@@ -264,7 +267,7 @@ class _Sm90Wgmma:
         sA = self._stages(base)
 
         # ---- MMA ----------------------------------------------------------------
-        tiled_mma, tCrB, fragA, fragW, acc, tCcC = self._mma_parts(sA, tidx)
+        tiled_mma, tCrB, fragA, fragW, acc = self._mma_parts(sA, tidx)
 
         # ---- per-thread register buffers ------------------------------------------
         sets = [self._buffers(tidx) for _ in range(self.prefetch)]      # raw-byte register sets
@@ -339,10 +342,7 @@ class _Sm90Wgmma:
             warpgroup.wait_group(0)
 
             self._epilogue(p_la, p_lu, p_wc, p_bias, base, m, n, m0, n0, tidx, wg, acc)
-            for i in cutlass.range_constexpr(cute.size(acc)):
-                c = tCcC[i]
-                if (m0 + c[1]) < m:
-                    mOut[m0 + c[1], n0 + c[0]] = acc[i].to(self.out_dtype)
+            self._store_out(p_out, m, n, m0, n0, tidx, wg, acc)
             # every warpgroup is past its last read of the stages before the next tile rewrites them
             cute.arch.sync_threads()
 
@@ -360,7 +360,7 @@ class _Sm90Wgmma:
         gdim, _, _ = cute.arch.grid_dim()
         wg = cute.arch.make_warp_uniform(tidx // 128)
 
-        num_kt, kw, mActW, mAscH, mWq, mWs, mOut = self._gmem_views(p_act, p_asc, p_wgt, p_wsc, p_out, m, n, k)
+        num_kt, kw, mActW, mAscH, mWq, mWs = self._gmem_views(p_act, p_asc, p_wgt, p_wsc, m, n, k)
         smem = cutlass.utils.SmemAllocator()
         base = smem.allocate(self.smem_bytes, byte_alignment=1024)
         sA = self._stages(base)
@@ -451,7 +451,7 @@ class _Sm90Wgmma:
             ctid = tidx - 128
             cwg = wg - 1
             lane = tidx % 32
-            tiled_mma, tCrB, fragA, fragW, acc, tCcC = self._mma_parts(sA, ctid)
+            tiled_mma, tCrB, fragA, fragW, acc = self._mma_parts(sA, ctid)
             # W raw weight sets: k-tile j's bytes are loaded W k-tiles before they are decoded (set j mod W)
             W, U = self.wsets, self.unroll
             wraw = [[cute.make_rmem_tensor((4,), Int32) for _ in range(self.atoms)] for _ in range(W)]
@@ -517,16 +517,10 @@ class _Sm90Wgmma:
                     cute.arch.cluster_wait()
                     if rank == 0:
                         self._epilogue(p_la, p_lu, p_wc, p_bias, base, m, n, m0, n0, ctid, cwg, acc)
-                        for i in cutlass.range_constexpr(cute.size(acc)):
-                            c = tCcC[i]
-                            if (m0 + c[1]) < m:
-                                mOut[m0 + c[1], n0 + c[0]] = acc[i].to(self.out_dtype)
+                        self._store_out(p_out, m, n, m0, n0, ctid, cwg, acc)
                 else:
                     self._epilogue(p_la, p_lu, p_wc, p_bias, base, m, n, m0, n0, ctid, cwg, acc)
-                    for i in cutlass.range_constexpr(cute.size(acc)):
-                        c = tCcC[i]
-                        if (m0 + c[1]) < m:
-                            mOut[m0 + c[1], n0 + c[0]] = acc[i].to(self.out_dtype)
+                    self._store_out(p_out, m, n, m0, n0, ctid, cwg, acc)
 
     def _epilogue(self, p_la, p_lu, p_wc, p_bias, base, m, n, m0, n0, tidx, wg, acc):
         """acc *= 2^14·wcscale[n]; LoRA; + bias (the store, with its run-time predicate, stays in the kernel
@@ -555,6 +549,14 @@ class _Sm90Wgmma:
                 bv[i] = mB[rows_out[i]]
             for i in range(nacc):
                 acc[i] = acc[i] + bv[(i // per_atom) * 2 + (i // 2) % 2]
+
+    def _store_out(self, p_out, m, n, m0, n0, tidx, wg, acc):
+        """acc (Yᵀ of the tile) -> out[m0 + ·, n0 + ·] where the row is < m, as transposed 16-bit pairs
+        (``sm90_epilogue_ptx``): acc[a·per_atom + 4j + 2h + e] is Yᵀ[n0 + 128a + 64·wg + 16·warp + 8h + g,
+        m0 + 8j + 2·(lane % 4) + e], the wgmma C layout of each 64-row atom."""
+        nw = n0 + wg * 64 + (tidx % 128) // 32 * 16
+        store_yt_pairs(p_out.toint(), n, m, m0, nw, tidx % 32, acc, pair_blocks(self.atoms, self.tm),
+                       self.cfg.out_dtype)
 
     def _stage_la(self, mLA, sLA, vbuf, m, m0, ch, vpr, v):
         """One 16-byte vector `v` of a lora_act_in chunk -> SMEM (rows >= m as zeros)."""

@@ -280,7 +280,8 @@ def compile(arch: str, knobs: dict, name: str, dump_dir: str, *, keep_ptx: bool 
     # the kernel class's part of the build: the MMA its PTX must contain, a check of its registers against the
     # CTAs per SM it was planned for, and expressions for the launch-recipe fitter
     ck.recipe_hints = gemm.recipe_hints(GEMM_W4A4.host_args)
-    problem = (static_problem(_read_ptx(dump_dir, ck.entry, arch, keep_ptx), ck.resource_usage, cls.MMA_PTX)
+    problem = (static_problem(_read_ptx(dump_dir, ck.entry, arch, keep_ptx), ck.resource_usage, cls.MMA_PTX,
+                              gemm.paired_store)
                or gemm.resource_problem(ck.resource_usage))
     if problem:
         raise RuntimeError(f"{name}: {problem}")
@@ -297,14 +298,17 @@ def _read_ptx(dump_dir: str, entry: str, arch: str, keep: bool) -> str:
     return text
 
 
-def static_problem(ptx: str, usage: dict, mma: str = "wgmma.mma_async") -> Optional[str]:
+def static_problem(ptx: str, usage: dict, mma: str = "wgmma.mma_async", paired_store: bool = False) -> Optional[str]:
     """The build-time checks every variant must pass: None, or what is wrong.
 
     The main loop must be on the tensor cores: ``wgmma.mma_async`` with a register A operand (HGMMA) for the
-    wgmma forms, ``mma.sync`` (HMMA) for the gemv form, whose bound is the weight stream, not the MMA rate; and
-    no kernel may have a stack frame (spilled registers)."""
+    wgmma forms, ``mma.sync`` (HMMA) for the gemv form, whose bound is the weight stream, not the MMA rate; a form
+    built to store transposed 16-bit pairs (``paired_store``: every wgmma form, the 16-row gemv tile) must contain
+    the ``movmatrix`` transpose of that store; and no kernel may have a stack frame (spilled registers)."""
     if mma not in ptx:
         return f"no {mma} in the PTX (not on the tensor-core path this form is built for)"
+    if paired_store and "movmatrix.sync.aligned.m8n8.trans.b16" not in ptx:
+        return "no movmatrix.sync.aligned.m8n8.trans.b16 in the PTX (the output store is not the paired store)"
     for sym, u in usage.items():
         if u["stack_frame_bytes"]:
             return (f"kernel {sym} spills: {u['stack_frame_bytes']}-byte stack frame at {u['registers']} "

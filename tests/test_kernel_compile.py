@@ -285,6 +285,9 @@ def test_static_problem_rules():
     ok = {"k_0": {"registers": 200, "stack_frame_bytes": 0}}
     assert static_problem("wgmma.mma_async.sync.aligned.m64n128k16", ok) is None
     assert "no wgmma" in static_problem("mma.sync.aligned.m16n8k16", ok)
+    # a form built for the paired store must contain its transpose
+    assert "not the paired store" in static_problem("wgmma.mma_async", ok, "wgmma.mma_async", True)
+    assert static_problem("wgmma.mma_async movmatrix.sync.aligned.m8n8.trans.b16", ok, "wgmma.mma_async", True) is None
     assert "8-byte stack frame" in static_problem("wgmma.mma_async", {"k_0": {"registers": 255,
                                                                              "stack_frame_bytes": 8}})
 
@@ -357,6 +360,11 @@ def test_compile_produces_a_clean_sm90a_cubin(knobs, tmp_path):
     assert "LDG.E.128" in sass and "STS.128" in sass
     assert "F2FP.F16.E4M3.UNPACK" in sass
     assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass          # one wgmma group kept in flight
+    # the output store: one movmatrix transpose and one 32-bit store per accumulator pair, no 16-bit stores
+    pairs = k["tile_n"] // 128 * k["tile_m"] // 4          # per 64-row atom: tile_m / 2 accumulators per thread
+    assert sass.count("MOVM.16.MT88") == pairs, sass.count("MOVM.16.MT88")
+    assert len(re.findall(r"STG\.E desc", sass)) == pairs and "STG.E.U16" not in sass
+    assert "movmatrix.sync.aligned.m8n8.trans.b16" in ptx
     # not serialised by ptxas (it falls back to a full wait after every wgmma when registers run short):
     # no full wait between the first and the last register-sourced (main-loop) HGMMA
     ops = re.findall(r"(HGMMA\.\S+ R\d+, R\d+|WARPGROUP\.DEPBAR\.LE gsb0, 0x0)", sass)

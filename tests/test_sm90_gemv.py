@@ -283,6 +283,11 @@ def test_compile_produces_a_clean_gemv_cubin(knobs, tmp_path):
     assert "LDGSTS.E.BYPASS.128" in sass and "LDSM.16.M88.4" in sass
     assert f"DEPBAR.LE SB0, {lay.ring - 2:#x}" in sass                # ring - 1 k-tiles in flight
     assert "HGMMA" not in sass
+    if tm == 16:    # the paired store: a movmatrix and a 32-bit store per accumulator pair (two per n8 block)
+        assert sass.count("MOVM.16.MT88") == tm // 4 and len(re.findall(r"STG\.E desc", sass)) == tm // 4
+        assert "STG.E.U16" not in sass
+    else:           # tile_m 64: 16-bit stores, one per accumulator
+        assert "MOVM" not in sass and sass.count("STG.E.U16") == 4 * (tm // 8)
     # the split-K reduction: two cluster barriers, 128-bit distributed-SMEM reads
     assert sass.count("UCGABAR_ARV") == 2 and sass.count("UCGABAR_WAIT") == 2
     # the host code: grid = tiles x split, cluster (split, 1, 1), as split_of says

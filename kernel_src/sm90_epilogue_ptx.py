@@ -1,0 +1,90 @@
+"""Inline PTX of the sm_90a GEMM's epilogue (build time only, CuTe-DSL): the transposed paired store of the output,
+and the predicated distributed-SMEM load of the gemv form's split-K reduction.
+
+**Why the store transposes.**  Both sm_90a forms compute Yᵀ: an MMA thread's accumulators ``c[2h + e]`` of one 8-wide
+block are ``Yᵀ[n = g + 8h, m = 2·(lane % 4) + e]`` (``g = lane // 4``; the wgmma and the ``mma.sync m16n8`` C layouts
+agree on this).  Its two neighbouring values are two *output rows* apart, so a plain store writes one 16-bit value
+per instruction.  Packed to a 16-bit pair, the pair ``(c[2h], c[2h + 1])`` of every lane is one 8 x 8 matrix of
+16-bit values in the ``movmatrix`` fragment layout (row = n, column = m).  ``movmatrix.trans`` hands lane L the pair
+at row L // 4, columns 2·(L % 4) and + 1 of the transpose: two neighbouring n of output row ``m = g``.  One 32-bit
+store then writes both, and a warp's store covers 8 output rows x 16 contiguous bytes, where the 16-bit stores
+covered 4 rows x 16 bytes with twice the instructions.  The rounding is the one the 16-bit path had: RNE from fp32,
+one value at a time (``cvt.rn.bf16x2.f32`` / ``cvt.rn.f16x2.f32`` round each half independently).
+"""
+from __future__ import annotations
+
+from cutlass import Float32, Int32, Int64
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import dsl_user_op
+
+
+@dsl_user_op
+def _pack2(lo, hi, dtype: str, *, loc=None, ip=None):
+    """Two fp32 -> one 32-bit word of two 16-bit values in `dtype` (RNE each): `lo` in the low half."""
+    op = "cvt.rn.bf16x2.f32" if dtype == "bf16" else "cvt.rn.f16x2.f32"
+    return Int32(llvm.inline_asm(Int32.mlir_type, [Float32(hi).ir_value(), Float32(lo).ir_value()],
+                                 op + " $0, $1, $2;", "=r,f,f", has_side_effects=False, is_align_stack=False,
+                                 asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@dsl_user_op
+def _movm_t(word, *, loc=None, ip=None):
+    """The warp's 8 x 8 matrix of 16-bit pairs (lane L: row L // 4, columns 2·(L % 4), + 1) -> its transpose, in
+    the same fragment layout.  Warp-collective: every lane of the warp must execute it."""
+    return Int32(llvm.inline_asm(Int32.mlir_type, [Int32(word).ir_value()],
+                                 "movmatrix.sync.aligned.m8n8.trans.b16 $0, $1;", "=r,r", has_side_effects=True,
+                                 is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@dsl_user_op
+def _st_b32_pred(gaddr, word, pred, *, loc=None, ip=None):
+    """st.global.b32 of `word` at `gaddr` where `pred` != 0 (no memory access otherwise)."""
+    llvm.inline_asm(None, [Int64(gaddr).ir_value(), Int32(word).ir_value(), Int32(pred).ir_value()],
+                    "{\n\t.reg .pred p;\n\tsetp.ne.u32 p, $2, 0;\n\t@p st.global.b32 [$0], $1;\n\t}", "l,r,r",
+                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
+def _ld_cluster_v4f_pred(saddr, rank, pred, *, loc=None, ip=None):
+    """Four fp32 at this CTA's shared address `saddr` as it lies in cluster CTA `rank` where `pred` != 0, else four
+    zeros (no access): the split-K reduction issues every peer's load before it adds any."""
+    from cutlass._mlir import ir
+    st = ir.Type.parse("!llvm.struct<(f32,f32,f32,f32)>")
+    r = llvm.inline_asm(st, [Int32(saddr).ir_value(), Int32(rank).ir_value(), Int32(pred).ir_value()],
+                        "{\n\t.reg .b32 ra;\n\t.reg .pred p;\n\tsetp.ne.u32 p, $6, 0;\n\t"
+                        "mov.f32 $0, 0f00000000;\n\tmov.f32 $1, 0f00000000;\n\t"
+                        "mov.f32 $2, 0f00000000;\n\tmov.f32 $3, 0f00000000;\n\t"
+                        "@p mapa.shared::cluster.u32 ra, $4, $5;\n\t"
+                        "@p ld.shared::cluster.v4.f32 {$0, $1, $2, $3}, [ra];\n\t}",
+                        "=f,=f,=f,=f,r,r,r", has_side_effects=True, is_align_stack=False,
+                        asm_dialect=llvm.AsmDialect.AD_ATT)
+    return [Float32(llvm.extractvalue(Float32.mlir_type, r, [i])) for i in range(4)]
+
+
+def pair_blocks(atoms: int, tile_m: int) -> list[tuple[int, int, int]]:
+    """The accumulator pairs of one MMA thread as (i, mb, nb): acc[i] and acc[i + 1] (i even) hold
+    Yᵀ[nb + g, mb + 2·(lane % 4) + {0, 1}] relative to the thread's warp (its first weight row, the tile's first
+    activation row), g = lane // 4.  Per 64-row atom a (``tile_m / 2`` accumulators), 8-column block j and row half h:
+    i = a·tile_m / 2 + 4j + 2h, mb = 8j, nb = 128a + 8h -- the wgmma C layout, and for one atom the
+    ``mma.sync m16n8`` C layout of the gemv form's n8 blocks.  Plain integers (tests/test_sm90_store.py replays the
+    store with it)."""
+    per_atom = tile_m // 2
+    return [(a * per_atom + 4 * j + 2 * h, 8 * j, 128 * a + 8 * h)
+            for a in range(atoms) for j in range(tile_m // 8) for h in range(2)]
+
+
+def pair_target(m0, mb, nb, n_warp, lane):
+    """(output row, first output column) the thread stores block (mb, nb)'s transposed pair to: row m0 + mb + g, columns
+    n_warp + nb + 2·(lane % 4) and + 1.  Plain operators: the kernels call it on DSL integers, the CPU test on ints."""
+    return m0 + mb + lane // 4, n_warp + nb + 2 * (lane % 4)
+
+
+def store_yt_pairs(out_addr, n, m, m0, n_warp, lane, acc, blocks, dtype: str):
+    """Store accumulator pairs of Yᵀ as output rows.  `blocks`: ``pair_blocks``; `n_warp`: the absolute output
+    column of the warp's first weight row.  Each pair is packed, transposed across the warp, and stored at
+    ``pair_target`` where that row is < m: the predicate sits on the store alone, since movmatrix needs the whole
+    warp."""
+    for i, mb, nb in blocks:
+        w = _movm_t(_pack2(acc[i], acc[i + 1], dtype))
+        row, col = pair_target(m0, mb, nb, n_warp, lane)
+        _st_b32_pred(out_addr + (Int64(row) * n + col) * 2, w, Int32(row < m))

@@ -1,0 +1,95 @@
+"""The sm_90a GEMM's paired output store, replayed on the CPU (kernel_src/sm90_epilogue_ptx.py).
+
+Both sm_90a forms hold Yᵀ in MMA accumulators; the epilogue packs each accumulator pair into a 16-bit pair, transposes
+8 x 8 blocks of those across the warp with ``movmatrix.trans`` and stores 32-bit words.  This test models the two
+hardware facts independently of the kernel code -- the accumulator layout of wgmma (m64nNk16) and mma.sync
+(m16n8k16) as the PTX ISA states it, and movmatrix's transpose -- and checks that the kernels' block list
+(``pair_blocks``) and store target (``pair_target``) put every value of Yᵀ at its place of the row-major output,
+each element exactly once, rows >= M never.
+"""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+pytest.importorskip("cutlass")
+from svdq_kernels.sm90_epilogue_ptx import pair_blocks, pair_target   # noqa: E402
+
+
+def accumulator_coord(warp_rows0: int, lane: int, i: int, tile_m: int) -> tuple[int, int]:
+    """(n, m) of accumulator i of `lane`, relative to the tile: the C fragment of wgmma m64nN (per 64-row atom a of
+    the warp's warpgroup, register i = a·N/2 + 4j + 2h + e) and of mma.sync m16n8 (one atom, j = the n8 block):
+    row = 16·warp + 8h + lane // 4 (+ 128a: the warpgroup's atoms are 128 rows apart in our tiles), column =
+    8j + 2·(lane % 4) + e."""
+    per_atom = tile_m // 2
+    a, r = divmod(i, per_atom)
+    j, q = divmod(r, 4)
+    h, e = divmod(q, 2)
+    return warp_rows0 + 128 * a + 8 * h + lane // 4, 8 * j + 2 * (lane % 4) + e
+
+
+def movmatrix_trans(words: list[tuple]) -> list[tuple]:
+    """movmatrix.sync.aligned.m8n8.trans.b16: lane L holds row L // 4, columns 2·(L % 4) and + 1 of an 8 x 8 matrix
+    of 16-bit values; afterwards it holds the same positions of the transpose."""
+    mat = {}
+    for lane, (lo, hi) in enumerate(words):
+        mat[lane // 4, 2 * (lane % 4)] = lo
+        mat[lane // 4, 2 * (lane % 4) + 1] = hi
+    return [(mat[2 * (lane % 4), lane // 4], mat[2 * (lane % 4) + 1, lane // 4]) for lane in range(32)]
+
+
+def replay(atoms: int, tile_m: int, warp_rows0: int, n_warp: int, m0: int, m: int) -> dict:
+    """Every store one warp makes: {(row, col): value}, value = the (n, m) of Yᵀ it came from."""
+    nacc = atoms * tile_m // 2
+    acc = [[accumulator_coord(warp_rows0, lane, i, tile_m) for i in range(nacc)] for lane in range(32)]
+    out = {}
+    for i, mb, nb in pair_blocks(atoms, tile_m):
+        assert i % 2 == 0 and i + 1 < nacc
+        moved = movmatrix_trans([(acc[lane][i], acc[lane][i + 1]) for lane in range(32)])
+        for lane in range(32):
+            row, col = pair_target(m0, mb, nb, n_warp, lane)
+            if row >= m:
+                continue
+            for e in range(2):
+                assert (row, col + e) not in out, "an output element written twice"
+                out[row, col + e] = moved[lane][e]
+    return out
+
+
+@pytest.mark.parametrize("atoms,tile_m", [(1, 256), (1, 224), (1, 128), (1, 64), (1, 16), (2, 128)])
+@pytest.mark.parametrize("m_rows", ["full", "tail"])
+def test_every_value_lands_at_its_output_element_once(atoms, tile_m, m_rows):
+    m0 = 3 * tile_m
+    m = m0 + (tile_m if m_rows == "full" else tile_m // 2 - 3)
+    for wg, warp in itertools.product(range(2), range(4)):     # the wgmma tiles' 2 warpgroups x 4 warps
+        rows0 = 64 * wg + 16 * warp                             # the warp's first weight row within the tile
+        n0 = 5 * 128
+        out = replay(atoms, tile_m, rows0, n0 + rows0, m0, m)
+        # the tile-relative (n, m) of Yᵀ stored at output (row, col) is (col - n0, row - m0)
+        for (row, col), (yn, ym) in out.items():
+            assert (yn, ym) == (col - n0, row - m0), ((row, col), (yn, ym))
+        want = {(m0 + j, n0 + rows0 + 128 * a + r) for a in range(atoms) for r in range(16)
+                for j in range(min(tile_m, m - m0))}
+        assert set(out) == want
+
+
+def test_the_block_list_covers_every_accumulator_once():
+    for atoms, tile_m in [(1, 256), (1, 224), (1, 16), (2, 64)]:
+        firsts = [i for i, _, _ in pair_blocks(atoms, tile_m)]
+        covered = sorted(firsts + [i + 1 for i in firsts])
+        assert covered == list(range(atoms * tile_m // 2))
+
+
+def test_a_wrong_layout_model_is_caught():
+    """The replay can fail: with the row halves of the layout swapped, values land on the wrong elements."""
+    atoms, tile_m, m0 = 1, 16, 0
+    blocks = [(i, mb, 8 - nb) for i, mb, nb in pair_blocks(atoms, tile_m)]      # h = 0 <-> h = 1
+    acc = [[accumulator_coord(0, lane, i, tile_m) for i in range(8)] for lane in range(32)]
+    wrong = 0
+    for i, mb, nb in blocks:
+        moved = movmatrix_trans([(acc[lane][i], acc[lane][i + 1]) for lane in range(32)])
+        for lane in range(32):
+            row, col = pair_target(m0, mb, nb, 0, lane)
+            wrong += moved[lane][0] != (col, row)
+    assert wrong == len(blocks) * 32
