@@ -2,7 +2,7 @@
 same run (tuning data for docs/PERF.md and the selection rules).
 
     python3 tools/sm90_sweep.py ARTIFACTS [--m 256,1024,4608] [--kn 3072x3072,3072x12288,12288x3072]
-        [--rank 32] [--json F] [--quick]
+        [--rank 32] [--json F] [--quick] [--match TEXT ...]
 
 Bypasses selection: each variant's launcher is driven directly with the arguments the loader would build.
 Every variant's output is checked once per shape against the eager torch W4A4 pipeline (relative error
@@ -37,6 +37,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--match", action="append", default=[],
+                    help="time only variants whose knob summary (as printed) contains this text; repeatable, all must match")
     a = ap.parse_args(argv)
     st = bench.QUICK if a.quick else bench.Settings(reps=9, warmup=2, target_ms=2.0)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
@@ -44,7 +46,8 @@ def main(argv=None) -> int:
     lib = svdq_loader.load(a.artifacts)
     tdt = bench._dtype(a.dtype)
     cands = [e for e in lib.variants if e.op == "gemm_w4a4" and e.arch == "sm_90a" and e.knobs["rank"] == a.rank
-             and e.knobs["out_dtype"] == a.dtype and e.knobs["wcscale"] and e.knobs["bias"]]
+             and e.knobs["out_dtype"] == a.dtype and e.knobs["wcscale"] and e.knobs["bias"]
+             and all(t in short(e.knobs) for t in a.match)]
     if not cands:
         print(f"no sm_90a gemm_w4a4 variant with rank {a.rank}, {a.dtype}, wcscale and bias in {a.artifacts}")
         return 2
