@@ -88,14 +88,24 @@ def _sts_v4f(saddr, a, b, c, d, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def _ld_cluster_v4f(saddr, rank, *, loc=None, ip=None):
-    """Four fp32 at this CTA's shared address `saddr` as it lies in cluster CTA `rank` (mapa + ld.shared::cluster)."""
+def _ld_cluster_v4f(saddr, rank, pred=None, *, loc=None, ip=None):
+    """Four fp32 at this CTA's shared address `saddr` as it lies in cluster CTA `rank` (mapa + ld.shared::cluster).
+    With `pred` (a DSL integer): the load happens where pred != 0, else the result is four zeros and nothing is
+    accessed (the gemv reduction issues every peer's load before it adds any)."""
     from cutlass._mlir import ir
     st = ir.Type.parse("!llvm.struct<(f32,f32,f32,f32)>")
-    r = llvm.inline_asm(st, [Int32(saddr).ir_value(), Int32(rank).ir_value()],
-                        "{\n\t.reg .b32 ra;\n\tmapa.shared::cluster.u32 ra, $4, $5;\n\t"
-                        "ld.shared::cluster.v4.f32 {$0, $1, $2, $3}, [ra];\n\t}",
-                        "=f,=f,=f,=f,r,r", has_side_effects=True, is_align_stack=False,
+    if pred is None:
+        ins, cons = [Int32(saddr).ir_value(), Int32(rank).ir_value()], "=f,=f,=f,=f,r,r"
+        text = ("{\n\t.reg .b32 ra;\n\tmapa.shared::cluster.u32 ra, $4, $5;\n\t"
+                "ld.shared::cluster.v4.f32 {$0, $1, $2, $3}, [ra];\n\t}")
+    else:
+        ins, cons = [Int32(saddr).ir_value(), Int32(rank).ir_value(), Int32(pred).ir_value()], "=f,=f,=f,=f,r,r,r"
+        text = ("{\n\t.reg .b32 ra;\n\t.reg .pred p;\n\tsetp.ne.u32 p, $6, 0;\n\t"
+                "mov.f32 $0, 0f00000000;\n\tmov.f32 $1, 0f00000000;\n\t"
+                "mov.f32 $2, 0f00000000;\n\tmov.f32 $3, 0f00000000;\n\t"
+                "@p mapa.shared::cluster.u32 ra, $4, $5;\n\t"
+                "@p ld.shared::cluster.v4.f32 {$0, $1, $2, $3}, [ra];\n\t}")
+    r = llvm.inline_asm(st, ins, text, cons, has_side_effects=True, is_align_stack=False,
                         asm_dialect=llvm.AsmDialect.AD_ATT)
     return [Float32(llvm.extractvalue(Float32.mlir_type, r, [i])) for i in range(4)]
 

@@ -1,5 +1,4 @@
-"""Inline PTX of the sm_90a GEMM's epilogue (build time only, CuTe-DSL): the transposed paired store of the output,
-and the predicated distributed-SMEM load of the gemv form's split-K reduction.
+"""Inline PTX of the sm_90a GEMM's output store (build time only, CuTe-DSL): the transposed paired store.
 
 **Why the store transposes.**  Both sm_90a forms compute Yᵀ: an MMA thread's accumulators ``c[2h + e]`` of one 8-wide
 block are ``Yᵀ[n = g + 8h, m = 2·(lane % 4) + e]`` (``g = lane // 4``; the wgmma and the ``mma.sync m16n8`` C layouts
@@ -42,23 +41,6 @@ def _st_b32_pred(gaddr, word, pred, *, loc=None, ip=None):
     llvm.inline_asm(None, [Int64(gaddr).ir_value(), Int32(word).ir_value(), Int32(pred).ir_value()],
                     "{\n\t.reg .pred p;\n\tsetp.ne.u32 p, $2, 0;\n\t@p st.global.b32 [$0], $1;\n\t}", "l,r,r",
                     has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-
-
-@dsl_user_op
-def _ld_cluster_v4f_pred(saddr, rank, pred, *, loc=None, ip=None):
-    """Four fp32 at this CTA's shared address `saddr` as it lies in cluster CTA `rank` where `pred` != 0, else four
-    zeros (no access): the split-K reduction issues every peer's load before it adds any."""
-    from cutlass._mlir import ir
-    st = ir.Type.parse("!llvm.struct<(f32,f32,f32,f32)>")
-    r = llvm.inline_asm(st, [Int32(saddr).ir_value(), Int32(rank).ir_value(), Int32(pred).ir_value()],
-                        "{\n\t.reg .b32 ra;\n\t.reg .pred p;\n\tsetp.ne.u32 p, $6, 0;\n\t"
-                        "mov.f32 $0, 0f00000000;\n\tmov.f32 $1, 0f00000000;\n\t"
-                        "mov.f32 $2, 0f00000000;\n\tmov.f32 $3, 0f00000000;\n\t"
-                        "@p mapa.shared::cluster.u32 ra, $4, $5;\n\t"
-                        "@p ld.shared::cluster.v4.f32 {$0, $1, $2, $3}, [ra];\n\t}",
-                        "=f,=f,=f,=f,r,r,r", has_side_effects=True, is_align_stack=False,
-                        asm_dialect=llvm.AsmDialect.AD_ATT)
-    return [Float32(llvm.extractvalue(Float32.mlir_type, r, [i])) for i in range(4)]
 
 
 def pair_blocks(atoms: int, tile_m: int) -> list[tuple[int, int, int]]:

@@ -50,7 +50,7 @@ from .quantize_act import (_asm, _cp_async4 as _cp4, _cp_async16_cg as _cp16, _c
                            _mma)
 from .sm90_plan import GEMV_CHUNK, gemv_layout
 from .sm90_decode_ptx import _adecode_prmt, _bcast, _byte_form, _ld_cluster_v4f, _scales_x128, _sts_v4f, _wdecode
-from .sm90_epilogue_ptx import _ld_cluster_v4f_pred, pair_blocks, store_yt_pairs
+from .sm90_epilogue_ptx import pair_blocks, store_yt_pairs
 
 PHASE_K = 128          # k per activation phase (two 64-k k-tiles)
 MAX_SPLIT = 8          # portable cluster size
@@ -143,6 +143,7 @@ class _Sm90Gemv:
         self.prefetch = cfg.prefetch                # k-tiles of weight words read and decoded per ring wait
         self.smem_bytes = self.lay.smem_bytes
         self.paired_store = self.tm == 16           # tile_m 64 stores 16-bit values (see _epilogue)
+        self.lora_words = 4 + self.tm // 4          # LoRA words per 16 ranks: 4 of lora_up, 2 per n8 block
 
     def recipe_hints(self, host_args) -> tuple:
         """The host code's launch as launch-recipe expressions over `host_args` (the op's (name, kind) list): the
@@ -394,7 +395,7 @@ class _Sm90Gemv:
         epf = cute.make_rmem_tensor((4,), Float32)                    # 2^14·wcscale and bias of rows g, g + 8
         owner = Int32((warp % S) == rank)
         r0 = n0 + (warp // 4) * 64 + (warp % 4) * 16
-        PER = 4 + self.tm // 4                                         # LoRA words per 16 ranks
+        PER = self.lora_words
         epw = cute.make_rmem_tensor((max(1, self.rank // 16 * PER if EARLY else PER),), Int32)
         rows = (r0 + g, r0 + g + 8)
         if cutlass.const_expr(EARLY):
@@ -421,7 +422,7 @@ class _Sm90Gemv:
                         parts = []
                         for r in cutlass.range_constexpr(r_lo, r_lo + 4):
                             ok = Int32(r < S) * Int32(r != rank)
-                            parts.append([_ld_cluster_v4f_pred(red + i * 512, r, ok) for i in range(Q)])
+                            parts.append([_ld_cluster_v4f(red + i * 512, r, ok) for i in range(Q)])
                         for ri in cutlass.range_constexpr(4):
                             for i in cutlass.range_constexpr(Q):
                                 for e in cutlass.range_constexpr(4):
@@ -527,9 +528,8 @@ class _Sm90Gemv:
             acc[i] = acc[i] * (epf[(i // 2) % 2] if self.cfg.wcscale else Float32(_ACC_UNSCALE))
         R = self.rank
         if cutlass.const_expr(R > 0):
-            per = 4 + self.tm // 4
             for rs in range(R // 16):
-                w = rs * per if early else 0
+                w = rs * self.lora_words if early else 0
                 if not early:
                     self._load_lora(p_la, p_lu, m, m0, (r0 + g, r0 + g + 8), g, c4, rs, epw, 0)
                 a = [epw[w + q] for q in range(4)]
