@@ -31,7 +31,7 @@ NAME = "sm90_wgmma_w4a4"
 TUNING: dict[str, tuple] = dict(
     # activation rows per tile (the wgmma N extent); 64 only with a warp-specialised schedule or gemv (for M <= 64:
     # half the MMA work of the 128-row tile where most rows are padding)
-    tile_m=(16, 64, 128, 224, 256),   # 16: the gemv form only; 224: act_source images only
+    tile_m=(16, 64, 128, 208, 224, 256),   # 16: the gemv form only; 208, 224: act_source images only
     # weight rows per tile: two MMA warpgroups of tile_n/128 64-row wgmma atoms each.  256 only with
     # schedule ws (coop spilled: 8-byte stack frame at 255 registers, rank 64 and 128)
     tile_n=(64, 128, 256),   # 64: the gemv form only (one 64-row fragment block, 4 warps)
@@ -88,7 +88,8 @@ FEATURE_VALUES: dict[str, tuple] = dict(
 #: cuBLAS against 0.72 unsplit).  The 224-row tile (images only) costs what the 256-row one does per row (session 11:
 #: equal times at 8 against 7 waves, M = 9728, N = 3072, and at 16 against 14, M = 4608, N = 12288), so the
 #: estimate takes it where its waves are fuller (M = 4608, N = 3072: 504 tiles are 3.8 waves, where 432 are 3.3;
-#: M = 1024: 120 CTAs against 96), up to 13 % faster there.  The images form
+#: M = 1024: 120 CTAs against 96), up to 13 % faster there.  The 208-row tile too (session 13: 4-8 % faster than 224
+#: at M = 1024 and 2048, where both make the same row tiles; the estimate picks it there except at N = 12288).  The images form
 #: (act_source images) costs 0.76 x that per k-step (session 6: a 256-row images tile ran at 0.646-0.66 x the
 #: time of two 128-row nvfp4 ones at M = 1024 and 4608, N = 12288; 0.65 / 0.86).  Ties (equal
 #: estimates: many waves, or the same tile) go to the M bucket's order: the 128-row tile up to M = 256, the
@@ -98,7 +99,7 @@ FEATURE_VALUES: dict[str, tuple] = dict(
 #: tile; at the 256-row tile the two schedules tie within +-4 %); then the faster decode forms (act_decode
 #: prmt, skip_pad on).
 _FILL = {"fill": {"tile": ["tile_m", "tile_n", "tile_k"], "ctas_per_sm": 1,
-                  "factor": [{"knob": "tile_m", "values": [[64, 1.66], [224, 0.86], [256, 0.86]]},
+                  "factor": [{"knob": "tile_m", "values": [[64, 1.66], [208, 0.86], [224, 0.86], [256, 0.86]]},
                              {"knob": "act_source", "values": [["images", 0.76]]},
                              # the estimate has no model of gemv's launch-time split: a factor that keeps the
                              # estimate from ever preferring it over a wgmma form (above M = 16 it lost, session 9)

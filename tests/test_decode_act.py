@@ -46,12 +46,12 @@ def test_reference_images_follow_the_element_formula(m, k):
     assert np.all(h[~covered].view(np.uint16) == 0)                          # pad rows: +0.0
 
 
-@pytest.mark.parametrize("m, rows", [(1, 256), (64, 256), (224, 256), (256, 448), (1000, 1152), (4608, 4736),
+@pytest.mark.parametrize("m, rows", [(1, 256), (64, 256), (224, 448), (256, 448), (1000, 1152), (4608, 4800),
                                      (9728, 9856)])
 def test_image_rows_cover_whole_tiles_of_every_images_tile_height(m, rows):
-    """Worked by hand: 4608 rows are 18 tiles of 256 but 20.6 of 224, so the image needs 21 x 224 = 4704 rows,
-    rounded to 64: 4736."""
-    assert D.IMAGE_TILE_ROWS == (224, 256)
+    """Worked by hand: 4608 rows are 18 tiles of 256, 20.6 of 224 (21 x 224 = 4704 rows) and 22.2 of 208, so the
+    image needs 23 x 208 = 4784 rows, rounded to 64: 4800.  224 rows are one tile of 224 or 256 but two of 208."""
+    assert D.IMAGE_TILE_ROWS == (208, 224, 256)
     assert D.image_rows(m) == rows
     for t in D.IMAGE_TILE_ROWS:
         assert -(-m // t) * t <= rows
@@ -61,7 +61,7 @@ def test_image_rows_of_one_tile_are_one_contiguous_block():
     """The bulk copy of a stage: rows [m0, m0 + tile_m) of k-tile t are tile_m x 128 bytes from (t * rows + m0) * 128."""
     m = 1000
     for t in (0, 3):
-        for m0, tm in ((0, 256), (256, 128), (512, 256), (896, 224)):
+        for m0, tm in ((0, 256), (256, 128), (512, 256), (896, 224), (832, 208)):
             offs = sorted(D.image_offset(m, r, t * 64 + kk) for r in range(m0, m0 + tm) for kk in range(64))
             start = (t * D.image_rows(m) + m0) * 128
             assert offs == list(range(start, start + tm * 128, 2))

@@ -169,6 +169,34 @@ def test_sm90_rule_takes_the_224_row_tile_where_its_waves_are_fuller(sm90_rules,
         assert ex.chosen.name in ("images_224", "images_256"), ex.text()
 
 
+#: session 13 (docs/PERF.md): x cuBLAS bf16, R = 32, bf16, of the 208-, 224- and 256-row images tiles (ws), one
+#: sweep (tools/sm90_sweep.py --quick, configs/sm90_images208.yaml)
+MEASURED_208 = {
+    (1024, 3072, 3072): (0.762, 0.719, 0.667), (1024, 3072, 12288): (0.814, 0.762, 0.902),
+    (1024, 12288, 3072): (0.858, 0.812, 0.738), (1024, 3072, 9216): (0.841, 0.784, 0.704),
+    (1024, 3072, 21504): (0.830, 0.786, 0.826), (1024, 15360, 3072): (0.879, 0.819, 0.752),
+    (2048, 3072, 3072): (0.767, 0.719, 0.652), (2048, 3072, 12288): (0.818, 0.764, 0.904),
+    (2048, 12288, 3072): (0.871, 0.820, 0.734), (2048, 3072, 9216): (0.831, 0.778, 0.826),
+    (2048, 3072, 21504): (0.878, 0.830, 0.887), (2048, 15360, 3072): (0.880, 0.826, 0.741),
+    (4608, 3072, 3072): (0.716, 0.821, 0.737), (4608, 3072, 12288): (0.875, 0.862, 0.879),
+    (4608, 12288, 3072): (0.773, 0.888, 0.802),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(MEASURED_208))
+def test_sm90_rule_takes_the_fastest_of_the_three_images_tile_heights(sm90_rules, shape):
+    """With the 208-row images tile built beside the 224- and 256-row ones, the rule takes a tile that the sweep
+    measured within 2 % of the fastest of the three, at every shape measured."""
+    m, k, n = shape
+    row = MEASURED_208[shape]
+    variants = _split_forms() + [_variant("ws", 224, 1, 2, act_source="images", name="images_224"),
+                                 _variant("ws", 208, 1, 2, act_source="images", name="images_208")]
+    by_name = {"images_208": row[0], "images_224": row[1], "images_256": row[2]}
+    ex = select.explain(variants, sm90_rules, _problem(m, n, k), sm_count=132)
+    assert ex.chosen.name in by_name, ex.text()
+    assert by_name[ex.chosen.name] >= max(row) / 1.02, ex.text()
+
+
 def test_sm90_rule_keeps_the_one_launch_forms_at_small_m(sm90_rules):
     variants = [_variant(*f) for f in FORMS] + [_images_256()]
     for n, k in ((3072, 3072), (3072, 12288), (12288, 3072)):
