@@ -80,7 +80,8 @@ grep the PTX), no division subroutine calls (they spilled registers).
 Launch ABI: host function ``(x, smooth, lora_down, act, ascales, lora_act_in,
 m, k, use_smooth, ksplit, stream)``; kernel params: the 6 pointers then m, k,
 use_smooth (i32).  block = (32 * warps, 1, 1), dynamic SMEM ``smem_bytes``,
-cluster (ksplit, 1, 1).  Preconditions (the loader checks them): pointers 16-byte
+cluster (ksplit, 1, 1), programmatic dependent launch (PDL: ``griddepcontrol.wait`` before any
+global access, then ``launch_dependents``; docs/design.md section 6).  Preconditions (the loader checks them): pointers 16-byte
 aligned, contiguous row-major tensors, m >= 1, k % 64 == 0, M*K < 2^31,
 1 <= ksplit <= 8 (any value is correct; more CTAs than steps leave warps idle).
 Pointers of disabled features (smooth when use_smooth == 0, LoRA when
@@ -567,13 +568,15 @@ class _QuantizeAct:
         grid = (rows + (self.rows_cta - 1)) // self.rows_cta
         self.kernel(x, smooth, lora_down, act, ascales, lora_act_in, m, k, use_smooth).launch(
             grid=[grid * ksplit, 1, 1], block=[32 * self.W, 1, 1], cluster=[ksplit, 1, 1], smem=self.smem_bytes,
-            stream=stream, min_blocks_per_mp=self.min_ctas)
+            stream=stream, min_blocks_per_mp=self.min_ctas, use_pdl=True)
 
     @cute.kernel
     def kernel(self, x: cute.Pointer, smooth: cute.Pointer, lora_down: cute.Pointer, act: cute.Pointer,
                ascales: cute.Pointer, lora_act_in: cute.Pointer, m: Int32, k: Int32, use_smooth: Int32):
         W, MT, R, dt, P = self.W, self.MT, self.R, self.dt, self.P
         NG = 2 * MT                     # groups (rows) per lane per step
+        cute.arch.griddepcontrol_wait()             # PDL: the previous grid's writes (x) are visible from here on
+        cute.arch.griddepcontrol_launch_dependents()    # the GEMM may launch once every CTA of this grid runs
         tid, _, _ = cute.arch.thread_idx()
         bid, _, _ = cute.arch.block_idx()
         warp = tid // 32

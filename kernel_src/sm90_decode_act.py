@@ -13,6 +13,7 @@ stores at a 128-byte lane stride) ran at 0.8-0.9 TB/s on the H200 (ncu, session 
 image_rows(M) - 1 are written as +0.0 (codes and scale taken as 0).  grid = (image_rows(M) / 64, K / 64).
 
 Launch ABI: host args = the op's (act, ascales, images, m, k, stream); kernel params: the 3 pointers, m, k.
+PDL (docs/design.md section 6): ``griddepcontrol.wait`` before any global access, then ``launch_dependents``.
 Preconditions (the loader enforces them): 16-byte aligned contiguous tensors, m >= 1, k % 64 == 0,
 K · image_rows(M) · 2 < 2^31 (the image's size and offsets are 32-bit; the loader's selection keeps larger
 calls on the nvfp4 forms).
@@ -62,14 +63,18 @@ class _DecodeAct:
     def __call__(self, act: cute.Pointer, ascales: cute.Pointer, images: cute.Pointer, m: cutlass.Int32,
                  k: cutlass.Int32, stream: cuda.CUstream):
         mp = image_rows_dsl(m)
+        # programmatic dependent launch (PDL): this grid may start while the previous one on the stream drains;
+        # every thread waits for it (griddepcontrol.wait) before its first memory access
         self.kernel(act, ascales, images, m, k).launch(grid=[mp // ROWS_PER_CTA, k // _K_TILE, 1],
-                                                       block=[THREADS, 1, 1], stream=stream)
+                                                       block=[THREADS, 1, 1], stream=stream, use_pdl=True)
 
     @cute.kernel
     def kernel(self, p_act: cute.Pointer, p_asc: cute.Pointer, p_img: cute.Pointer, m: cutlass.Int32,
                k: cutlass.Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bx, kt, _ = cute.arch.block_idx()
+        cute.arch.griddepcontrol_wait()                    # the previous grid's writes (act, ascales) are visible
+        cute.arch.griddepcontrol_launch_dependents()       # the GEMM may launch once every CTA of this grid runs
         mp = image_rows_dsl(m)
         kw = cute.assume(k // 8, divby=8)                  # 32-bit code words per activation row
         kg = cute.assume(k // 16, divby=4)                 # scale bytes per row

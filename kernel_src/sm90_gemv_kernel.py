@@ -37,7 +37,7 @@ handshake:
   tile_m 64 keeps the loads after the reduction and stores 16-bit values: its registers are at the 2-CTA limit.
 
 Launch ABI: the wgmma form's (host args: 9 pointers, m, n, k, sm_count, stream; kernel params: 9 pointers, m, n,
-k); block (2·tile_n, 1, 1), cluster (S, 1, 1), grid = tiles x S.  Preconditions (the loader's shape rule):
+k); block (2·tile_n, 1, 1), cluster (S, 1, 1), grid = tiles x S, PDL as the wgmma form's.  Preconditions (the loader's shape rule):
 n % tile_n == 0, k % 128 == 0, 16-byte aligned contiguous tensors, weights in the sm90 fragment format.
 """
 import cuda.bindings.driver as cuda
@@ -173,12 +173,13 @@ class _Sm90Gemv:
         split = cutlass.select_(x >= 8, 8, cutlass.select_(x >= 4, 4, cutlass.select_(x >= 2, 2, 1)))
         self.kernel(act, ascales, wgt, wscales, lora_act_in, lora_up, wcscale, bias, out, m, n, k).launch(
             grid=[tiles * split, 1, 1], block=[self.threads, 1, 1], cluster=[split, 1, 1], smem=self.smem_bytes,
-            stream=stream)
+            stream=stream, use_pdl=True)
 
     @cute.kernel
     def kernel(self, p_act: cute.Pointer, p_asc: cute.Pointer, p_wgt: cute.Pointer, p_wsc: cute.Pointer,
                p_la: cute.Pointer, p_lu: cute.Pointer, p_wc: cute.Pointer, p_bias: cute.Pointer,
                p_out: cute.Pointer, m: cutlass.Int32, n: cutlass.Int32, k: cutlass.Int32):
+        cute.arch.griddepcontrol_wait()             # PDL: the previous grid's writes are visible from here on
         tid, _, _ = cute.arch.thread_idx()
         bid, _, _ = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(tid // 32)

@@ -67,7 +67,8 @@ Two schedules (knob ``schedule``) run that same arithmetic:
 
 Launch ABI: host args = the op's (9 pointers, m, n, k, sm_count, stream); kernel params =
 the 9 pointers and m, n, k.  block = (256, 1, 1) (ws*: 384), cluster (S, 1, 1) for split K, dynamic SMEM =
-``smem_bytes_for(knobs)``.
+``smem_bytes_for(knobs)``, programmatic dependent launch (PDL: ``griddepcontrol.wait`` before any global
+access; docs/design.md section 6).
 
 Preconditions (the loader enforces them): 16-byte aligned contiguous tensors, m >= 1,
 n % tile_n == 0, k % 128 == 0, element offsets < 2^31; weights in the sm90 fragment format.
@@ -149,15 +150,15 @@ class _Sm90Wgmma:
             # split K: one tile per cluster of ksplit CTAs (no persistence: the reduction re-uses the stages)
             self.kernel_ws(act, ascales, wgt, wscales, lora_act_in, lora_up, wcscale, bias, out, m, n, k).launch(
                 grid=[tiles * self.ks, 1, 1], block=[self.threads, 1, 1], cluster=[self.ks, 1, 1],
-                smem=self.smem_bytes, stream=stream, min_blocks_per_mp=1)
+                smem=self.smem_bytes, stream=stream, min_blocks_per_mp=1, use_pdl=True)
         elif cutlass.const_expr(self.ws):
             # min_blocks_per_mp=1 caps the registers at entry (65536 / 384), which setmaxnreg needs
             self.kernel_ws(act, ascales, wgt, wscales, lora_act_in, lora_up, wcscale, bias, out, m, n, k).launch(
                 grid=[grid, 1, 1], block=[self.threads, 1, 1], smem=self.smem_bytes, stream=stream,
-                min_blocks_per_mp=1)
+                min_blocks_per_mp=1, use_pdl=True)
         else:
             self.kernel(act, ascales, wgt, wscales, lora_act_in, lora_up, wcscale, bias, out, m, n, k).launch(
-                grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream)
+                grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=self.smem_bytes, stream=stream, use_pdl=True)
 
     # -- helpers (trace time) -------------------------------------------------
     def _gmem_views(self, p_act, p_asc, p_wgt, p_wsc, m, n, k):
@@ -254,6 +255,7 @@ class _Sm90Wgmma:
                p_la: cute.Pointer, p_lu: cute.Pointer, p_wc: cute.Pointer, p_bias: cute.Pointer,
                p_out: cute.Pointer, m: cutlass.Int32, n: cutlass.Int32, k: cutlass.Int32):
         tm, tn, S = self.tm, self.tn, self.stages
+        cute.arch.griddepcontrol_wait()             # PDL: the previous grid's writes are visible from here on
         tidx, _, _ = cute.arch.thread_idx()
         bid, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
@@ -371,6 +373,9 @@ class _Sm90Wgmma:
                 cute.arch.mbarrier_init(bars + S + s, 8)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
+        # launched as a programmatic dependent (PDL): the set-up above overlapped the previous grid's tail; no thread
+        # touches global memory before that grid's writes are visible
+        cute.arch.griddepcontrol_wait()
 
         tiles_n = n // tn
         tiles = ((m + (tm - 1)) // tm) * tiles_n

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import sys
 import tempfile
 
@@ -42,6 +43,8 @@ CASES = {
     "gemm_w4a4@splitk": ("sm_90a", dict(_SM90, schedule="ws_splitk4")),
     # the images form: one producer thread bulk-copies decode_act's stage images (configs/flux.yaml, M > 256)
     "gemm_w4a4@images": ("sm_90a", dict(_SM90, tile_m=256, prefetch=1, act_source="images")),
+    # the gemv form (M <= 16): its launch-time split comes from the family's recipe hint
+    "gemm_w4a4@gemv": ("sm_90a", dict(_SM90, tile_m=16, prefetch=1, schedule="gemv")),
     "decode_act": ("sm_90a", dict(scale_layout="logical")),
     "quantize_act": ("sm_90a", dict(dtype="bf16", rank=32, scale_layout="logical", warps=4, mtiles=1)),
     # GeForce/workstation Blackwell: blocked scale layout, the 2-warp variant configs/flux.yaml builds
@@ -119,3 +122,31 @@ def test_recipe_exists_and_is_bit_exact_with_the_dsl(case):
         assert not diffs, f"{op}: recipe differs from the DSL's host code for {args}: {diffs[:3]}"
         checked += 1
     assert checked >= 6
+
+
+
+#: the ops whose kernels let their dependents launch early (griddepcontrol.launch_dependents at the top): each feeds
+#: the next kernel of a W4A4 linear (quantize_act -> decode_act or the GEMM, decode_act -> the images GEMM)
+_TRIGGERS = {"quantize_act", "decode_act"}
+_GLOBAL_ACCESS = re.compile(r"\b(LDG|STG|LDGSTS|UBLKCP|UTMALDG|ATOMG|RED)\b")
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_kernel_is_a_programmatic_dependent_that_waits_before_touching_memory(case, tmp_path):
+    """PDL (docs/design.md, section 6): each kernel here is launched with the programmatic-serialization attribute
+    (id 6) set to 1, so it may start while the previous grid on the stream drains; its one griddepcontrol.wait
+    (SASS ACQBULK) comes before its first global-memory instruction, so any predecessor's writes are visible to
+    it, whatever kernel that predecessor is."""
+    from kernel_checks import sass_of_cubin
+    op = case.split("@")[0]
+    ck, program, sizes, req, _ = _built(case)
+    args = _random_args(op, req, random.Random(7))
+    attrs = dict(program.launch(args, sizes).attrs)
+    assert 6 in attrs, f"{case}: the host code sets no programmatic-serialization attribute"
+    assert int.from_bytes(attrs[6][:4], "little") == 1, case
+    sass = sass_of_cubin(ck.cubin, tmp_path)
+    lines = [ln for ln in sass.splitlines() if re.search(r"/\*[0-9a-f]{4,}\*/", ln)]
+    waits = [i for i, ln in enumerate(lines) if re.search(r"\bACQBULK\b", ln)]
+    first_global = next(i for i, ln in enumerate(lines) if _GLOBAL_ACCESS.search(ln))
+    assert len(waits) == 1 and waits[0] < first_global, (case, waits, first_global, lines[first_global])
+    assert ("PREEXIT" in sass) == (op in _TRIGGERS), case
