@@ -88,7 +88,7 @@ FEATURE_VALUES: dict[str, tuple] = dict(
 #: cuBLAS against 0.72 unsplit).  The 224-row tile (images only) costs what the 256-row one does per row (session 11:
 #: equal times at 8 against 7 waves, M = 9728, N = 3072, and at 16 against 14, M = 4608, N = 12288), so the
 #: estimate takes it where its waves are fuller (M = 4608, N = 3072: 504 tiles are 3.8 waves, where 432 are 3.3;
-#: M = 1024: 120 CTAs against 96), up to 13 % faster there.  The 208-row tile too (session 13: 4-8 % faster than 224
+#: M = 1024: 120 CTAs against 96), up to 13 % faster there.  The 208-row tile too (session 13: 5-7 % faster than 224
 #: at M = 1024 and 2048, where both make the same row tiles; the estimate picks it there except at N = 12288).  The images form
 #: (act_source images) costs 0.76 x that per k-step (session 6: a 256-row images tile ran at 0.646-0.66 x the
 #: time of two 128-row nvfp4 ones at M = 1024 and 4608, N = 12288; 0.65 / 0.86).  Ties (equal

@@ -124,7 +124,6 @@ def test_recipe_exists_and_is_bit_exact_with_the_dsl(case):
     assert checked >= 6
 
 
-
 #: the ops whose kernels let their dependents launch early (griddepcontrol.launch_dependents at the top): each feeds
 #: the next kernel of a W4A4 linear (quantize_act -> decode_act or the GEMM, decode_act -> the images GEMM)
 _TRIGGERS = {"quantize_act", "decode_act"}
