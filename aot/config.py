@@ -6,8 +6,8 @@ Schema (every key required, no others allowed)::
     archs: [sm_90a, sm_100a]       # archs some kernel family builds (svdq_kernels.registry)
     out_dtypes: [bf16, fp16]       # model dtypes: GEMM output / activation dtype
     ranks: [0, 16, 32]             # LoRA ranks: integers >= 0, multiples of 16
-    wcscale: [true, false]         # GEMM: which on/off settings to build
-    bias: [true, false]
+    wcscale: [true]                # GEMM: build with the per-column scale (a call without one passes ones);
+    bias: [true]                   #   [true, false] adds variants specialised for calls without it
     shapes:                        # named (K, N) linear shapes the build must cover
       qkv: {k: 3072, n: 9216}
     variants:                      # per arch: the operators to build, each with its family's axes

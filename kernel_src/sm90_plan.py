@@ -25,6 +25,9 @@ WS_CONSUMER_REGS = 216
 WS_PRODUCER_REGS = (WS_THREADS * WS_ENTRY_REGS - 256 * WS_CONSUMER_REGS) // 128 // 8 * 8
 assert 128 * WS_PRODUCER_REGS + 256 * WS_CONSUMER_REGS <= WS_THREADS * WS_ENTRY_REGS
 SMEM_LIMIT_BYTES = 227 * 1024
+#: ranks the two-way split-K kernel compiles without a stack frame at more than 64 accumulator registers (the
+#: 256-row images tile; session 14)
+_SPLIT2_WIDE_RANKS = (0, 16, 32, 64)
 MAX_ACC_REGS = 128               # fp32 accumulators per thread we allow (the rest: fragments, raws)
 
 
@@ -238,6 +241,11 @@ def _problem(cfg: _Cfg) -> Optional[str]:
         return (f"schedule {cfg.schedule} with tile_m={cfg.tile_m} and act_source nvfp4: at {acc} accumulator "
                 f"registers the split-K kernel spills (measured: 8-byte stack frame at 168 registers; the images "
                 f"form, whose producer does no decode, compiles without one)")
+    if ksplit_of(cfg) == 2 and acc > 64 and cfg.rank not in _SPLIT2_WIDE_RANKS:
+        return (f"schedule {cfg.schedule} with tile_m={cfg.tile_m} and rank {cfg.rank}: at {acc} accumulator "
+                f"registers the two-way split-K kernel keeps a stack frame at ranks other than "
+                f"{', '.join(map(str, _SPLIT2_WIDE_RANKS))} (measured: 8-byte stack frames at 168 registers for ranks "
+                f"48, 80, 96 and 112; the four-way split compiles without one)")
     if ksplit_of(cfg) > 1 and cfg.stages * cfg.tile_m * TILE_K * 2 < THREADS * acc * 4:
         return (f"schedule {cfg.schedule}: the split-K partial sums ({THREADS} MMA threads x {acc} fp32 = "
                 f"{THREADS * acc * 4} B) are exchanged through the activation stages, which hold only "

@@ -29,7 +29,7 @@ import threading
 from . import cuda_versions, driver, select, tuning_table
 from .errors import CaptureError, DeviceMismatch, InvalidArgument, NoCuda
 from .launcher import Launcher
-from .ops import OPS, decode_act as decode_op, gemm_w4a4 as gemm_op, quantize_act as quant_op
+from .ops import OPS, decode_act as decode_op, gemm_w4a4 as gemm_op, op_spec, quantize_act as quant_op
 from .verify import open_artifacts
 
 _SM_COUNT = 16  # CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
@@ -106,7 +106,11 @@ class Library:
         """The tuning-table entry for `p` as a `TableHit` (None: no table or no entry). With `ordinal`, the
         GPU is that device's; an entry measured on another model is noticed once per process."""
         table = self.tuning
-        entry = table.lookup(p) if table is not None else None
+        if table is None:
+            return None
+        # the call's own features first, then those of variants that serve it with identity fills
+        entry = next((e for key in op_spec(p.op).serving_keys(p.features)
+                      if (e := table.lookup(select.Problem(p.op, p.arch, key, p.dims))) is not None), None)
         if entry is None:
             return None
         if ordinal is not None:

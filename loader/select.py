@@ -46,6 +46,7 @@ class Explanation:
     error: str | None = None                    # the UnsupportedProblem message when nothing fits
     candidates: list[str] = field(default_factory=list)   # names of every variant that fits (rule order)
     source: str = "rules"                       # "rules" or "tuning_table": what made the choice
+    served_features: tuple | None = None        # the variants' features (the call's, or with identity fills)
     tuning: dict | None = None                  # the table entry consulted (file, GPU, times), if any
 
     def to_dict(self) -> dict:
@@ -54,7 +55,9 @@ class Explanation:
                 "features": dict(zip(spec.feature_names, self.problem.features)), "dims": self.problem.dim,
                 "chosen": getattr(self.chosen, "name", None), "why": list(self.why),
                 "rejected": [{"name": n, "reason": r} for n, r in self.rejected], "error": self.error,
-                "source": self.source, "tuning": self.tuning}
+                "source": self.source, "tuning": self.tuning,
+                "served_features": (dict(zip(spec.feature_names, self.served_features))
+                                    if self.served_features is not None else None)}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1)
@@ -131,31 +134,41 @@ def explain(variants: Sequence, rules: Mapping[tuple[str, str, str], Rule], p: P
         ex.error = (f"no {p.op} kernel built for this device's arch {p.arch}; the artifacts hold {p.op} for "
                     f"{built}. Rebuild with '{p.arch}' in the config's archs.")
         return ex
-    feats = []
+    keys = spec.serving_keys(p.features)
+    groups: dict[tuple, list] = {}
     for v in on_arch:
         have = spec.feature_key(v.knobs)
-        if have == p.features:
-            feats.append(v)
+        if have in keys:
+            groups.setdefault(have, []).append(v)
             continue
         diff = [f"{n}={h} (the call needs {w})" for n, h, w in zip(spec.feature_names, have, p.features) if h != w]
         ex.rejected.append((v.name, "built for " + ", ".join(diff)))
-    if not feats:
+    if not groups:
         have = sorted({_features_text(spec, spec.feature_key(v.knobs)) for v in on_arch})
         ex.error = f"no {p.arch} {p.op} kernel for {_features_text(spec, p.features)}; built: {'; '.join(have)}"
         return ex
-    fits, reasons = [], []
-    dims = p.dim
-    for v in feats:
-        why = spec.shape_problem(v.requirements, dims, v.knobs)
-        if why:
-            reasons.append(f"{v.name}: {why}")
-            ex.rejected.append((v.name, why))
-        else:
-            fits.append(v)
+    # the first serving key (the call's own, then fills) with a variant that passes the shape rule serves
+    fits, reasons, served, dims = [], [], None, p.dim
+    for key in keys:
+        for v in groups.get(key, ()):
+            if served is not None:
+                ex.rejected.append((v.name, f"serves the call with {spec.filled_text(p.features, key)}, but the "
+                                            f"variants built for {spec.filled_text(p.features, served) or 'its own features'} "
+                                            f"come first"))
+                continue
+            why = spec.shape_problem(v.requirements, dims, v.knobs)
+            if why:
+                reasons.append(f"{v.name}: {why}")
+                ex.rejected.append((v.name, why))
+            else:
+                fits.append(v)
+        if fits and served is None:
+            served = key
     if not fits:
         shown = " ".join(f"{k.upper()}={val}" for k, val in p.dims)
         ex.error = f"{p.op} shape {shown} is not supported by any built kernel: " + "; ".join(reasons)
         return ex
+    ex.served_features = served
     m = dims.get("m", 1)
     keyed = sorted(fits, key=lambda v: rank_key(rule_for(rules, p.op, p.arch, getattr(v, "family", "")), dims, v, sms))
     ex.candidates = [v.name for v in keyed]
@@ -166,6 +179,8 @@ def explain(variants: Sequence, rules: Mapping[tuple[str, str, str], Rule], p: P
     rule = rule_for(rules, p.op, p.arch, getattr(best, "family", ""))
     lo, b = rule.bucket(m)
     ex.why.append(f"{len(fits)} of {len(mine)} {p.op} variant(s) fit the arch, the features and the shape rule")
+    if served != p.features:
+        ex.why.append(_filled_why(spec, p.features, served))
     prefs = "; ".join(x.text() for x in b.prefer) or "no preference (name order)"
     ex.why.append(f"family {rule.family}: M={m} falls in the bucket {b.text(lo)}, priority {b.priority}, "
                   f"prefer: {prefs}")
@@ -179,6 +194,12 @@ def explain(variants: Sequence, rules: Mapping[tuple[str, str, str], Rule], p: P
     for v in keyed[1:]:
         ex.rejected.append((v.name, _outranked(rules, p, v, best, sms)))
     return ex
+
+
+def _filled_why(spec, call: tuple, served: tuple) -> str:
+    return (f"no variant built for the call's own features fits; variants built with the inputs it lacks serve "
+            f"it, the call passing {spec.filled_text(call, served)} for every column (a run-time identity: the "
+            f"result is the same)")
 
 
 def _tuned(ex: Explanation, keyed: list, hit, n_op: int) -> bool:
@@ -202,6 +223,8 @@ def _tuned(ex: Explanation, keyed: list, hit, n_op: int) -> bool:
     assumed = " (assumed: the device this runs on is that model)" if hit.gpu is None else ""
     gain = table.method.get("min_gain", 0)
     ex.why.append(f"{len(keyed)} of {n_op} {ex.problem.op} variant(s) fit the arch, the features and the shape rule")
+    if ex.served_features != ex.problem.features:
+        ex.why.append(_filled_why(op_spec(ex.problem.op), ex.problem.features, ex.served_features))
     what = "fastest" if e.rule_choice != e.winner else \
         f"the rules' choice, not beaten by more than {gain:.0%} by any other"
     ex.why.append(f"chosen by the tuning table {table.source}, measured on {table.measured_text()}{assumed}: "

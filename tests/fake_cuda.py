@@ -68,4 +68,6 @@ def fake_driver(monkeypatch, *, arch="sm_90a", cuda=13000, optin_smem=232448, sm
     # the logical weight tensors here (the formats have their own tests on real data)
     from svdq_loader.ops import gemm_w4a4            # the one reader of layouts.WEIGHT_FORMAT_BY_ARCH
     monkeypatch.setattr(gemm_w4a4, "WEIGHT_FORMAT_BY_ARCH", {})
+    # nor can torch fill a vector there: a weight without wcscale / bias gets data-less identity vectors
+    monkeypatch.setattr(gemm_w4a4, "identity_vector", lambda like, n, value: FakeCuda((n,), torch.float32, like.device))
     return rec

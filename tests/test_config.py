@@ -74,7 +74,7 @@ def test_repo_configs_load():
     assert {(s.name, s.k, s.n) for s in flux.shapes} == {
         ("qkv", 3072, 9216), ("attn_out", 3072, 3072), ("mlp_fc1", 3072, 12288),
         ("mlp_fc2", 12288, 3072), ("single_fused", 3072, 21504), ("single_out", 15360, 3072)}
-    assert set(flux.wcscale) == set(flux.bias) == {True, False}
+    assert flux.wcscale == flux.bias == (True,)     # run-time inputs: a call without them passes ones / zeros
     assert flux.archs == ("sm_90a", "sm_100a", "sm_103a", "sm_120a", "sm_121a")
     assert [op for op, _ in flux.sections("sm_90a")] == ["gemm_w4a4", "quantize_act", "decode_act"]
     assert [op for op, _ in flux.sections("sm_100a")] == ["gemm_w4a4", "quantize_act"]

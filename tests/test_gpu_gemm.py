@@ -59,6 +59,25 @@ def test_flux_shapes(lib, kn, m, r, dt):
     _run_case(lib, m, n, k, r, dt, True, True, seed=(m * 7 + k + n + r) & 0xFFFF)
 
 
+# 2b. M = 512 at N = 3072 (the FLUX text stream): the selection's two-way split 256-row images tile where built
+#     (ranks 0, 16, 32, 64), another form at the ranks it is refused at (48, 96)
+@pytest.mark.parametrize("k", [3072, 12288, 15360])
+@pytest.mark.parametrize("r", [32, 48])
+def test_m512_n3072(lib, k, r):
+    if r not in {v.knobs["rank"] for v in lib.variants if v.op == "gemm_w4a4"}:
+        pytest.skip(f"rank {r} not built in these artifacts")
+    ex = lib.explain("gemm_w4a4", "sm_90a", m=509, n=3072, k=k, rank=r, dtype="bf16", sm_count=132)
+    split2 = [v.name for v in lib.variants if v.op == "gemm_w4a4" and v.arch == "sm_90a" and v.knobs["rank"] == r
+              and v.knobs["out_dtype"] == "bf16" and v.knobs.get("schedule") == "ws_splitk2"
+              and v.knobs.get("tile_m") == 256]
+    assert len(split2) <= 1
+    if r == 48:
+        assert split2 == []                                  # refused at build time (a stack frame)
+    if split2:
+        assert ex.chosen.name == split2[0], ex.text()
+    _run_case(lib, 509, 3072, k, r, "bf16", True, True, seed=k + r)
+
+
 # 3. the other ranks the kernel family supports, at one shape
 @pytest.mark.parametrize("r", [16, 48, 96, 128, 256])
 def test_other_ranks(lib, r):

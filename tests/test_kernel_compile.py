@@ -138,6 +138,10 @@ def test_ws_register_split_fits_the_launch_allocation():
     (dict(schedule="ws", tile_m=256, rank=128), "rank 128: 128 accumulator registers and the LoRA epilogue"),
     (dict(schedule="ws", tile_m=256, prefetch=2), "prefetch 2 and skip_pad off"),
     (dict(schedule="ws_splitk2", tile_m=256), "act_source nvfp4: at 128 accumulator registers the split-K kernel spills"),
+    (dict(schedule="ws_splitk2", tile_m=256, act_source="images", rank=48),
+     "rank 48: at 128 accumulator registers the two-way split-K kernel keeps a stack frame at ranks other than "
+     "0, 16, 32, 64"),
+    (dict(schedule="ws_splitk2", tile_m=256, act_source="images", rank=96), "two-way split-K kernel keeps a stack"),
     (dict(schedule="ws_splitk4", stages=3), "65536 B) are exchanged through the activation stages, which hold only 49152 B"),
     (dict(tile_k=128), "tile_k 128 not supported"),
     (dict(stages=2), "stages 2 not supported"),
@@ -157,6 +161,16 @@ def test_ws_register_split_fits_the_launch_allocation():
 def test_invalid_reason_rejects_with_a_reason(knobs, words):
     reason = sm90.invalid_reason(ARCH, make_knobs(**knobs))
     assert isinstance(reason, str) and words in reason, reason
+
+
+def test_the_two_way_split_images_tile_takes_the_ranks_it_compiles_at():
+    for rank in (0, 16, 32, 64):
+        k = make_knobs(schedule="ws_splitk2", tile_m=256, act_source="images", prefetch=1, rank=rank)
+        assert sm90.invalid_reason(ARCH, k) is None, (rank, sm90.invalid_reason(ARCH, k))
+    for rank in (48, 96):       # the four-way split and the 128-row two-way split keep these ranks
+        assert sm90.invalid_reason(ARCH, make_knobs(schedule="ws_splitk4", tile_m=256, act_source="images",
+                                                    prefetch=1, rank=rank)) is None
+        assert sm90.invalid_reason(ARCH, make_knobs(schedule="ws_splitk2", tile_m=128, prefetch=2, rank=rank)) is None
 
 
 def test_the_224_row_tile_is_an_images_tile_only():

@@ -364,13 +364,20 @@ def test_plan_call_features_and_pointers(monkeypatch):
                                  wscales=w.wscales.data_ptr(), lora_act_in=a["lora_act_in"].data_ptr(),
                                  lora_up=a["lora_up"].data_ptr(), wcscale=w.wcscale.data_ptr(),
                                  bias=w.bias.data_ptr(), out=call.out.data_ptr())
-    # every pointer host argument of the op is filled; disabled features pass 0
+    # every pointer host argument of the op is filled; no LoRA passes 0, and an absent wcscale / bias points at
+    # its identity vector (ones / zeros, shared per device and N), so a variant built with it serves the call
     assert set(call.pointers) == {n for n, kd in GEMM_W4A4.host_args if kd == "ptr"}
     w0 = prepare_weight(a["wgt"], a["wscales"], arch=ARCH)
     call0 = plan_call(ARCH, a["act"], w0, a["ascales"], out_dtype=torch.float16)
     assert call0.features == ("fp16", 0, False, False, "logical")
     assert call0.out.dtype == torch.float16
-    assert [call0.pointers[k] for k in ("lora_act_in", "lora_up", "wcscale", "bias")] == [0, 0, 0, 0]
+    assert [call0.pointers[k] for k in ("lora_act_in", "lora_up")] == [0, 0]
+    ones, zeros = w0.fills
+    assert ones.dtype == zeros.dtype == torch.float32 and ones.shape == zeros.shape == (256,)
+    assert bool((ones == 1).all()) and bool((zeros == 0).all()) and not bool(zeros.signbit().any())
+    assert (call0.pointers["wcscale"], call0.pointers["bias"]) == (ones.data_ptr(), zeros.data_ptr())
+    assert w0.wcscale is None and w0.bias is None
+    assert prepare_weight(a["wgt"], a["wscales"], arch=ARCH).fills[0] is ones    # made once per (device, N)
 
 
 # ---------------------------------------------------------------- quantize_act argument checks

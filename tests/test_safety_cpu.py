@@ -18,6 +18,7 @@ import svdq_loader  # noqa: E402
 from svdq_loader.driver import CudaError  # noqa: E402
 from svdq_loader.errors import (DriverTooOld, InvalidArgument, ManifestError, UnsupportedProblem)  # noqa: E402
 from svdq_loader.manifest import body_checksum  # noqa: E402
+from svdq_loader.ops import GEMM_W4A4  # noqa: E402
 
 from fake_cuda import FakeCuda, fake_driver  # noqa: E402
 
@@ -111,9 +112,6 @@ GEMM_CASES = {
                     r"no sm_90a gemm_w4a4 kernel for out_dtype=bf16, rank=16, .*built: "),
     "dtype not built": (lambda lib: gemm(lib, weight(lib, lora_dtype=FP), lora_act_in=T((M, R), FP), out=T((M, N), FP)),
                         UnsupportedProblem, r"no sm_90a gemm_w4a4 kernel for out_dtype=fp16, rank=32"),
-    "wcscale off not built": (lambda lib: gemm(lib, lib.prepare_weight(T((N, K // 2), U8), T((N, K // 16), F8),
-                                                                       lora_up=T((N, R), BF))), UnsupportedProblem,
-                              r"wcscale=False, bias=False"),
 }
 
 QUANT_CASES = {
@@ -158,6 +156,33 @@ def test_good_calls_launch(lib, monkeypatch):
     gemm(lib)
     quant(lib)
     assert len(rec.loads) == 2 and len(rec.launches) == 2
+
+
+def test_a_call_without_wcscale_and_bias_runs_a_variant_built_with_them(lib, monkeypatch):
+    """configs/tiny.yaml builds the GEMM with wcscale and bias only: a call without them is served by it, the
+    call passing the identity vectors (ones, zeros) that prepare_weight holds, and selection says so."""
+    from svdq_loader import library
+    rec = fake_driver(monkeypatch)
+    assert {(v.knobs["wcscale"], v.knobs["bias"]) for v in lib.variants if v.op == "gemm_w4a4"} == {(True, True)}
+    args = []
+    real = library._launch_in_primary
+    monkeypatch.setattr(library, "_launch_in_primary", lambda ln, a: (args.append(list(a)), real(ln, a)))
+    w = lib.prepare_weight(T((N, K // 2), U8), T((N, K // 16), F8), lora_up=T((N, R), BF))
+    gemm(lib, w)
+    assert len(rec.launches) == 1
+    i_wcs, i_bias = GEMM_W4A4.arg_names.index("wcscale"), GEMM_W4A4.arg_names.index("bias")
+    ones, zeros = w.fills
+    assert ones.shape == zeros.shape == (N,) and ones.data_ptr() != zeros.data_ptr()
+    assert (args[0][i_wcs], args[0][i_bias]) == (ones.data_ptr(), zeros.data_ptr())
+    ex = lib.explain("gemm_w4a4", "sm_90a", m=M, n=N, k=K, rank=R, wcscale=False, bias=False)
+    assert ex.served_features == ("bf16", R, True, True, "logical")
+    assert ex.chosen.knobs["wcscale"] is True and ex.chosen.knobs["bias"] is True
+    assert any("passing wcscale = 1.0, bias = 0.0 for every column" in w_ for w_ in ex.why), ex.why
+    assert ex.to_dict()["served_features"]["wcscale"] is True
+    # the call's own features, when built, come first (tested on the selection's CPU tests); with both on,
+    # nothing is filled
+    ex2 = lib.explain("gemm_w4a4", "sm_90a", m=M, n=N, k=K, rank=R)
+    assert ex2.served_features == ex2.problem.features and not any("identity" in w_ for w_ in ex2.why)
 
 
 @pytest.mark.parametrize("case", sorted(GEMM_CASES) + sorted(QUANT_CASES))

@@ -41,11 +41,17 @@ def test_gemm_cases_cover_tails_and_small_k(knobs, req):
     cases = S.gemm_cases(knobs, req)
     ms = [c.kwargs["m"] for c in cases]
     assert 1 in ms and any(m % knobs["tile_m"] for m in ms if m > knobs["tile_m"])      # M = 1 and an M tail
-    for c in cases:
+    for c in cases[:3]:
         kw = c.kwargs
         assert kw["n"] % req["n_multiple"] == 0 and kw["k"] % req["k_multiple"] == 0
         assert (kw["r"], kw["dt"], kw["wc"], kw["b"]) == (knobs["rank"], knobs["out_dtype"], knobs["wcscale"],
                                                          knobs["bias"])
+    # a variant built with wcscale or bias also serves a call without them (identity vectors): one more case
+    assert len(cases) == 4
+    kw = cases[3].kwargs
+    assert (kw["r"], kw["dt"], kw["wc"], kw["b"]) == (knobs["rank"], knobs["out_dtype"], False, False)
+    assert kw["m"] > knobs["tile_m"] and kw["m"] % knobs["tile_m"]
+    assert len(S.gemm_cases(dict(knobs, wcscale=False, bias=False), req)) == 3
     assert min(c.kwargs["k"] for c in cases) == req["k_multiple"]     # one k-block: K < 4R for R >= 128
     assert len({c.kwargs["seed"] for c in cases}) == len(cases)
 
@@ -89,17 +95,18 @@ def test_table_and_report_with_a_stubbed_gpu(monkeypatch, capsys):
     monkeypatch.setattr(S, "run_case", fake_run)
     assert S.main(["arts", "--seed", "7"]) == 1
     out = capsys.readouterr().out
-    assert [s[0] for s in seen] == ["svdq_gemm_a"] * 3 and all(s[2] == 7 for s in seen)   # only this arch
-    assert "selftest: Fake H200 (sm_90a), 1 variant(s), 3 case(s), base seed 7" in out
+    # only this arch; the fourth case calls without wcscale and bias (the variant has both: identity vectors)
+    assert [s[0] for s in seen] == ["svdq_gemm_a"] * 4 and all(s[2] == 7 for s in seen)
+    assert "selftest: Fake H200 (sm_90a), 1 variant(s), 4 case(s), base seed 7" in out
     assert re.search(r"^FAIL +svdq_gemm_a +M=1 N=256 K=64 +5.00e-01 +1e-02 +12.0 us$", out, re.M), out
     assert len(re.findall(r"^PASS +svdq_gemm_a ", out, re.M)) == 1
     assert "FAIL svdq_gemm_a: case m=1: relative error 5.000e-01 > 1e-02" in out
-    assert out.strip().endswith("1 passed, 2 failed")
+    assert out.strip().endswith("1 passed, 3 failed")
     assert re.search(r"^FAIL +svdq_gemm_a +M=205 N=256 K=256 +- +- +-$", out, re.M), out
     assert "FAIL svdq_gemm_a: RuntimeError: launch refused" in out
     assert S.main(["arts", "--json", "--seed", "7"]) == 1
     rep = json.loads(capsys.readouterr().out)
-    assert rep["status"] == "failed" and rep["arch"] == "sm_90a" and len(rep["cases"]) == 3
+    assert rep["status"] == "failed" and rep["arch"] == "sm_90a" and len(rep["cases"]) == 4
     assert [c["status"] for c in rep["cases"]].count("PASS") == 1
     assert rep["cases"][1]["error"] is None and rep["cases"][1]["detail"] == "RuntimeError: launch refused"
     # a GPU whose arch the artifacts do not cover: explained, not failed
@@ -129,6 +136,13 @@ def test_pinning_key_is_the_one_a_call_looks_up(monkeypatch):
                  tile_m=256, tile_n=128, ab_stages=5)
     case = S.Case("gemm_w4a4", dict(m=m, n=n, k=k))
     assert S._features("gemm_w4a4", knobs) == call.features
+    assert S._call_features(S._features("gemm_w4a4", knobs), dict(wc=True, b=False)) == call.features
+    w0 = gemm_op.prepare_weight(torch.zeros(n, k // 2, dtype=torch.uint8), torch.ones(n, k // 16).to(torch.float8_e4m3fn),
+                                lora_up=w.lora_up, arch="sm_100a")
+    call0 = gemm_op.plan_call("sm_100a", torch.zeros(m, k // 2, dtype=torch.uint8), w0,
+                              to_blocked_scales(torch.ones(m, k // 16).to(torch.float8_e4m3fn)),
+                              lora_act_in=torch.zeros(m, r, dtype=torch.float16))
+    assert S._call_features(S._features("gemm_w4a4", knobs), dict(wc=False, b=False)) == call0.features
     assert S._dims("gemm_w4a4", case.kwargs) == (("m", call.m), ("n", call.n), ("k", call.k))
     qcall = quant_op.plan_call("sm_90a", torch.zeros(m, k, dtype=torch.bfloat16))
     assert S._features("quantize_act", dict(dtype="bf16", rank=0, scale_layout="logical", warps=4)) == qcall.features

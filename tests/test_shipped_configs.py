@@ -34,7 +34,8 @@ def test_flux_builds_the_measured_sm90_forms():
     gemm = [v for v in valid if v.op == "gemm_w4a4" and v.arch == "sm_90a"]
     forms = {(v.knob_dict["tile_m"], v.knob_dict["schedule"], v.knob_dict["prefetch"]) for v in gemm}
     assert forms == {(128, "ws", 2), (256, "ws", 1), (224, "ws", 1), (208, "ws", 1), (128, "ws_splitk2", 2), (128, "ws_splitk4", 2),
-                     (64, "ws", 2), (64, "ws_splitk4", 2), (256, "coop", 1), (256, "ws_splitk4", 1), (16, "gemv", 1)}
+                     (64, "ws", 2), (64, "ws_splitk4", 2), (256, "coop", 1), (256, "ws_splitk2", 1), (256, "ws_splitk4", 1),
+                     (16, "gemv", 1)}
     assert {v.knob_dict["tile_n"] for v in gemm if v.knob_dict["schedule"] == "gemv"} == {64, 128}
     assert {v.knob_dict["tile_m"] for v in gemm if v.knob_dict["act_source"] == "images"} == {208, 224, 256}
     assert {v.knob_dict["schedule"] for v in gemm if v.knob_dict["tile_m"] in (208, 224)} == {"ws"}
@@ -42,6 +43,9 @@ def test_flux_builds_the_measured_sm90_forms():
     assert {v.knob_dict["wsets"] for v in gemm if v.knob_dict["tile_m"] == 64} == {4}
     assert {v.knob_dict["wsets"] for v in gemm if v.knob_dict["tile_m"] != 64} == {2}
     assert {v.knob_dict["rank"] for v in gemm if v.knob_dict["schedule"] == "coop"} == {128}
-    assert len(gemm) == 11 * 2 * 7 * 2 * 2 + 2 * 2 * 2 - 32     # forms x dtypes x ranks x wcscale x bias, less ...
+    assert {(v.knob_dict["wcscale"], v.knob_dict["bias"]) for v in gemm} == {(True, True)}   # run-time inputs
+    assert len(gemm) == 12 * 2 * 7 + 2 - 14     # forms x dtypes x ranks, the rank-128 coop form, less ...
     gone = [(v.knob_dict["rank"], v.knob_dict["act_source"], r) for v, r in rejected if v.arch == "sm_90a"]
-    assert len(gone) == 32 and all(g[:2] == (128, "images") and "rank 128" in g[2] for g in gone)   # ... these
+    assert len(gone) == 14     # ... these: rank 128 on the five images forms, and the two-way split 256-row
+    assert sum(g[:2] == (128, "images") and "rank 128" in g[2] for g in gone) == 10            # tile at 48 and 96
+    assert sorted(g[0] for g in gone if "two-way split-K kernel keeps a stack frame" in g[2]) == [48, 48, 96, 96]

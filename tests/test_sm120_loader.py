@@ -170,7 +170,9 @@ def test_selftest_covers_the_sm120_variants(artifacts, monkeypatch, capsys):
     monkeypatch.setattr(S, "run_case", fake_run)
     assert S.main([artifacts]) == 0
     out = capsys.readouterr().out
-    assert "selftest: Fake RTX PRO 6000 (sm_120a), 2 variant(s), 6 case(s)" in out, out
+    # three GEMM cases and one call without wcscale and bias (identity vectors), three quantize cases
+    assert "selftest: Fake RTX PRO 6000 (sm_120a), 2 variant(s), 7 case(s)" in out, out
+    assert "M=205 N=256 K=512 no wcscale/bias" in out, out
     assert sorted({op for op, _, _ in seen}) == ["gemm_w4a4", "quantize_act"]
     for op, req, kw in seen:
         assert kw["k"] % req["k_multiple"] == 0 and (op != "gemm_w4a4" or kw["n"] % req["n_multiple"] == 0)

@@ -37,6 +37,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--affine", choices=("on", "off"), default="on",
+                    help="on: variants built with wcscale and bias, called with both; off: variants built without "
+                         "either, called without them")
     ap.add_argument("--match", action="append", default=[],
                     help="time only variants whose knob summary (as printed) contains this text; repeatable, all must match")
     a = ap.parse_args(argv)
@@ -45,11 +48,13 @@ def main(argv=None) -> int:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     lib = svdq_loader.load(a.artifacts)
     tdt = bench._dtype(a.dtype)
+    affine = a.affine == "on"
     cands = [e for e in lib.variants if e.op == "gemm_w4a4" and e.arch == "sm_90a" and e.knobs["rank"] == a.rank
-             and e.knobs["out_dtype"] == a.dtype and e.knobs["wcscale"] and e.knobs["bias"]
+             and e.knobs["out_dtype"] == a.dtype and e.knobs["wcscale"] == affine and e.knobs["bias"] == affine
              and all(t in short(e.knobs) for t in a.match)]
     if not cands:
-        print(f"no sm_90a gemm_w4a4 variant with rank {a.rank}, {a.dtype}, wcscale and bias in {a.artifacts}")
+        print(f"no sm_90a gemm_w4a4 variant with rank {a.rank}, {a.dtype}, wcscale and bias {a.affine} in "
+              f"{a.artifacts}")
         return 2
     rows = []
     for kn in a.kn.split(","):
@@ -60,6 +65,8 @@ def main(argv=None) -> int:
         for m in ms:
             p = dict(big, act=big["act"][:m].contiguous(), ascales=big["ascales"][:m].contiguous(),
                      lora_act_in=big["lora_act_in"][:m].contiguous() if a.rank else None)
+            if not affine:
+                p.update(wcscale=None, bias=None)
             sets = bench.gemm_input_sets(p, m, k, n, a.rank, l2)
             nsets = len(sets)
             ws = [lib.prepare_weight(q["wgt"], q["wscales"], lora_up=q["lora_up"], wcscale=q["wcscale"],

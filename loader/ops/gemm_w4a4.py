@@ -55,8 +55,9 @@ SPEC = OpSpec(
     features=(
         Feature("out_dtype", "out_dtypes", ("bf16", "fp16")),
         Feature("rank", "ranks"),
-        Feature("wcscale", "wcscale", (False, True)),
-        Feature("bias", "bias", (False, True)),
+        # run-time inputs of a variant built with them: a call without one passes its identity vector
+        Feature("wcscale", "wcscale", (False, True), identity=1.0),
+        Feature("bias", "bias", (False, True), identity=0.0),
         Feature("scale_layout", "arch", by_arch=SCALE_LAYOUT_BY_ARCH),
     ),
     dims=("m", "n", "k"),
@@ -85,6 +86,22 @@ def _as_f32(t):
     return t
 
 
+#: (device, N, value) -> a float32 [N] vector of `value`: what a call without wcscale (1.0) or bias (0.0) passes
+_IDENTITY: dict = {}
+
+
+def identity_vector(like, n: int, value: float):
+    """The float32 [n] vector of `value` on `like`'s device, made once per (device, n, value) and shared."""
+    key = (str(like.device), int(n), float(value))
+    t = _IDENTITY.get(key)
+    if t is None:
+        if len(_IDENTITY) > 4096:  # pragma: no cover - bounded; a dropped vector lives on in its weights
+            _IDENTITY.clear()
+        t = _IDENTITY[key] = torch_module().full((int(n),), float(value), dtype=torch_module().float32,
+                                                 device=like.device)
+    return t
+
+
 @dataclass(frozen=True)
 class PreparedWeight:
     """The weight side of ``gemm_w4a4``, checked and converted once.
@@ -103,10 +120,15 @@ class PreparedWeight:
     weight_format: str = "logical"   # "logical", or the arch's format (layouts.WEIGHT_FORMAT_BY_ARCH)
 
     def __post_init__(self):
-        # what every call reuses: the weight-side pointers in host-argument order, the device
+        # what every call reuses: the weight-side pointers in host-argument order, the device.  An absent
+        # wcscale / bias points at its identity vector (ones / zeros), so a variant built with the input
+        # serves the call (selection prefers one built without it, if any); one built without ignores it.
         ptr = lambda t: t.data_ptr() if t is not None else 0  # noqa: E731
+        wcs = self.wcscale if self.wcscale is not None else identity_vector(self.wgt, self.n, 1.0)
+        bias = self.bias if self.bias is not None else identity_vector(self.wgt, self.n, 0.0)
+        object.__setattr__(self, "fills", (wcs, bias))
         object.__setattr__(self, "ptrs", (ptr(self.wgt), ptr(self.wscales), ptr(self.lora_up),
-                                          ptr(self.wcscale), ptr(self.bias)))
+                                          ptr(wcs), ptr(bias)))
         object.__setattr__(self, "device_index", self.wgt.get_device())
         object.__setattr__(self, "lora_dtype", self.lora_up.dtype if self.lora_up is not None else None)
 
@@ -215,8 +237,7 @@ def plan_call(arch: str, act, weight: PreparedWeight, ascales, *, lora_act_in=No
         wscales=weight.wscales.data_ptr(),
         lora_act_in=lora_act_in.data_ptr() if lora_act_in is not None else 0,
         lora_up=weight.lora_up.data_ptr() if weight.lora_up is not None else 0,
-        wcscale=weight.wcscale.data_ptr() if weight.wcscale is not None else 0,
-        bias=weight.bias.data_ptr() if weight.bias is not None else 0,
+        wcscale=weight.ptrs[3], bias=weight.ptrs[4],     # an absent one: its identity vector
         out=out.data_ptr(),
     )
     feats = (dts[want], weight.rank, weight.wcscale is not None, weight.bias is not None, layout)
@@ -298,7 +319,7 @@ def fast_args(arch: str, act, weight, ascales, lora_act_in, out, out_dtype):
     if po & (PTR_ALIGN - 1):
         return None
     pw, pws, plu, pwc, pb = weight.ptrs
-    feats = (halves[want], weight.rank, pwc != 0, pb != 0, "logical")
+    feats = (halves[want], weight.rank, weight.wcscale is not None, weight.bias is not None, "logical")
     return feats, (("m", m), ("n", n), ("k", k)), out, [pa, ps, pw, pws, pl, plu, pwc, pb, po, m, n, k, 0, 0], weight
 
 

@@ -21,6 +21,7 @@ loader both import it.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
@@ -39,11 +40,18 @@ class Feature:
     ``source`` names where enumeration takes its values: a top-level config
     key (``"out_dtypes"``, ``"ranks"``, ``"wcscale"``, ``"bias"``), or
     ``"arch"`` for a value fixed by the target arch (see ``by_arch``).
+
+    ``identity``: for an on/off input (``wcscale``, ``bias``), the value that
+    makes it a no-op (1.0, 0.0).  A call without the input may then run a
+    variant built with it, passing a vector of that value: the input is a
+    run-time parameter of such a variant, and a variant built without it is
+    only a specialisation (preferred when built, never required).
     """
     name: str
     source: str
     values: tuple = ()                          # allowed values (empty: any the validator accepts)
     by_arch: Mapping[str, Any] | None = None    # source == "arch": arch -> value
+    identity: float | None = None               # on/off inputs: the value a call without the input passes
 
 
 @dataclass(frozen=True)
@@ -95,6 +103,26 @@ class OpSpec:
     def feature_key(self, knobs: Mapping[str, Any]) -> tuple:
         """The exact-match part of a variant's selection key, in feature order."""
         return tuple(knobs[f] for f in self.feature_names)
+
+    def serving_keys(self, features: tuple) -> list[tuple]:
+        """The feature keys whose variants can serve a call with `features`, best first: the call's own key,
+        then keys that turn on inputs the call lacks and that have an ``identity`` value (fewest first, in
+        feature order).  E.g. a call without wcscale and bias: (.., False, False), (.., True, False),
+        (.., False, True), (.., True, True)."""
+        off = [i for i, f in enumerate(self.features) if f.identity is not None and features[i] is False]
+        out = []
+        for r in range(len(off) + 1):
+            for on in itertools.combinations(off, r):
+                key = list(features)
+                for i in on:
+                    key[i] = True
+                out.append(tuple(key))
+        return out
+
+    def filled_text(self, call: tuple, key: tuple) -> str:
+        """What a call with features `call` passes to a variant keyed `key` (a `serving_keys` entry) for the
+        inputs it lacks, e.g. "wcscale = 1.0, bias = 0.0 for every column"; "" for the call's own key."""
+        return ", ".join(f"{f.name} = {f.identity}" for f, c, k in zip(self.features, call, key) if c != k)
 
     def name_for(self, arch: str, knobs: Mapping[str, Any], requirements: Mapping[str, int]) -> str:
         """The variant name (= kernel symbol prefix) of `knobs` and `requirements` on `arch`.

@@ -30,7 +30,12 @@ def gemm_cases(knobs: dict, req: dict) -> list[Case]:
     tm = knobs.get("tile_m", 128)
     shapes = [(1, n, kmin), (tm + 77, n, 4 * kmin), (3 * tm + 5, 2 * n, max(12 * kmin, 3072 // kmin * kmin))]
     feats = dict(r=knobs["rank"], dt=knobs["out_dtype"], wc=knobs["wcscale"], b=knobs["bias"])
-    return [Case("gemm_w4a4", dict(m=m, n=nn, k=k, seed=1 + i, **feats)) for i, (m, nn, k) in enumerate(shapes)]
+    cases = [Case("gemm_w4a4", dict(m=m, n=nn, k=k, seed=1 + i, **feats)) for i, (m, nn, k) in enumerate(shapes)]
+    if knobs["wcscale"] or knobs["bias"]:
+        # a call without wcscale and bias runs this variant too, passing the identity vectors
+        m, nn, k = shapes[1]
+        cases.append(Case("gemm_w4a4", dict(m=m, n=nn, k=k, seed=4, **dict(feats, wc=False, b=False))))
+    return cases
 
 
 def quantize_cases(knobs: dict, req: dict) -> list[Case]:
@@ -55,6 +60,14 @@ def _features(op: str, knobs: dict) -> tuple:
     return tuple(knobs[f] for f in op_spec(op).feature_names)
 
 
+def _call_features(variant_features: tuple, kw: dict) -> tuple:
+    from svdq_loader.ops import GEMM_W4A4
+    names = GEMM_W4A4.feature_names
+    out = list(variant_features)
+    out[names.index("wcscale")], out[names.index("bias")] = kw["wc"], kw["b"]
+    return tuple(out)
+
+
 def _dims(op: str, kw: dict) -> tuple:
     if op == "gemm_w4a4":
         return (("m", kw["m"]), ("n", kw["n"]), ("k", kw["k"]))
@@ -69,7 +82,10 @@ def run_case(lib, entry, case: Case, ordinal: int, base_seed: int):
         return gpu_checks.decode_case(lib, entry, kw.pop("m"), kw.pop("k"), kw.pop("seed"), base_seed=base_seed,
                                       time_it=True)
     ln = lib._launcher(entry.name, ordinal, False)
-    lib._choice[(case.op, ordinal, _features(case.op, entry.knobs), _dims(case.op, case.kwargs))] = ln
+    feats = _features(case.op, entry.knobs)
+    if case.op == "gemm_w4a4":     # the call's own features (a call without wcscale / bias may run this variant)
+        feats = _call_features(feats, case.kwargs)
+    lib._choice[(case.op, ordinal, feats, _dims(case.op, case.kwargs))] = ln
     kw = dict(case.kwargs)
     if case.op == "gemm_w4a4":
         return gpu_checks.gemm_case(lib, kw.pop("m"), kw.pop("n"), kw.pop("k"), kw.pop("r"), kw.pop("dt"),
@@ -102,7 +118,8 @@ def format_table(rows: list[dict]) -> str:
 def _short_case(case: Case) -> str:
     kw = case.kwargs
     if case.op == "gemm_w4a4":
-        return f"M={kw['m']} N={kw['n']} K={kw['k']}"
+        return f"M={kw['m']} N={kw['n']} K={kw['k']}" + ("" if kw.get("wc", True) or kw.get("b", True) else
+                                                         " no wcscale/bias")
     if case.op == "decode_act":
         return f"M={kw['m']} K={kw['k']}"
     return f"M={kw['m']} K={kw['k']} smooth={int(kw['use_smooth'])}"
