@@ -117,6 +117,8 @@ KSPLIT_MAX = 8
 _CTA_STEP_K = 64 * 4
 #: Without LoRA, 8 CTAs per tile where each warp still gets at least this many steps (session 10)
 _MIN_WARP_STEPS_AT_8 = 6
+#: With LoRA, the split doubles while twice the CTAs stay resident, at this many per SM (session 14)
+_LORA_CTAS_PER_SM = 3
 
 
 @functools.lru_cache(maxsize=4096)
@@ -124,15 +126,17 @@ def ksplit_for(m: int, k: int, rank: int, sm_count: int) -> int:
     """CTAs (one cluster along K) per 16-row tile of the launch, from M, K, the rank and the SM count.
 
     The H200 sweeps of docs/PERF.md: with LoRA (3 CTAs of 4 warps per SM) 2 CTAs per tile at large M
-    (finer work units than the 16-row tile: 11-14 % faster at M = 4608, K >= 12288; session 5), and below
-    one tile per SM as many as keep one CTA per SM; without LoRA (4 CTAs per SM) 4 per tile, 8 where K
+    (finer work units than the 16-row tile: 11-14 % faster at M = 4608, K >= 12288; session 5), and
+    otherwise the largest split whose CTAs, twice over, stay within the 3 resident per SM (M = 1024: 4, 5-9 %
+    faster than 2 at every K; M <= 256: 8; session 14); without LoRA (4 CTAs per SM) 4 per tile, 8 where K
     gives every warp at least 6 steps at 8 (K >= 12288 at M = 4608: 7-8 % faster than 4; at K = 3072, 4
     stays fastest; session 10), or as many as keep two CTAs per SM.  A power of two, at most KSPLIT_MAX,
     and at most one per step of a warp.  Memoised: the loader asks on every call, with the cache key's
     own values.
     """
     tiles = -(-m // 16)
-    fill, floor = (sm_count, 2) if rank else (2 * sm_count, 8 if k >= _CTA_STEP_K * 8 * _MIN_WARP_STEPS_AT_8 else 4)
+    fill, floor = (_LORA_CTAS_PER_SM * sm_count, 2) if rank else \
+        (2 * sm_count, 8 if k >= _CTA_STEP_K * 8 * _MIN_WARP_STEPS_AT_8 else 4)
     s = floor
     while s < KSPLIT_MAX and tiles * 2 * s <= fill:
         s *= 2
