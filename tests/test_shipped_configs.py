@@ -40,8 +40,8 @@ def test_flux_builds_the_measured_sm90_forms():
     assert {v.knob_dict["tile_m"] for v in gemm if v.knob_dict["act_source"] == "images"} == {208, 224, 256}
     assert {v.knob_dict["schedule"] for v in gemm if v.knob_dict["tile_m"] in (208, 224)} == {"ws"}
     assert [v.name for v in valid if v.op == "decode_act"] == ["svdq_decode_act_sm90a_reqk64"]
-    assert {v.knob_dict["wsets"] for v in gemm if v.knob_dict["tile_m"] == 64} == {4}
-    assert {v.knob_dict["wsets"] for v in gemm if v.knob_dict["tile_m"] != 64} == {2}
+    assert {v.knob_dict["wsets"] for v in gemm if v.knob_dict["tile_m"] in (64, 208, 224)} == {4}
+    assert {v.knob_dict["wsets"] for v in gemm if v.knob_dict["tile_m"] not in (64, 208, 224)} == {2}
     assert {v.knob_dict["rank"] for v in gemm if v.knob_dict["schedule"] == "coop"} == {128}
     assert {(v.knob_dict["wcscale"], v.knob_dict["bias"]) for v in gemm} == {(True, True)}   # run-time inputs
     assert len(gemm) == 12 * 2 * 7 + 2 - 14     # forms x dtypes x ranks, the rank-128 coop form, less ...

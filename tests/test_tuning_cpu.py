@@ -322,6 +322,19 @@ def test_explain_says_where_the_choice_came_from(tuned):
     assert plain.source == "rules" and plain.tuning is None and "tuning" not in plain.text()
 
 
+def test_a_call_without_the_affine_uses_the_entry_of_the_variants_that_serve_it(tuned):
+    """The build has wcscale and bias on only, and the table's entries are keyed by those features: a call
+    without them is served by those variants (identity vectors), so it takes the same entry."""
+    lib = svdq_loader.load(tuned)
+    for m, want in ((4608, G64), (16, G128)):
+        ex = lib.explain("gemm_w4a4", m=m, n=256, k=256, wcscale=False, bias=False)
+        assert ex.source == "tuning_table" and ex.chosen.name == want, ex.text()
+        assert ex.problem.features == ("bf16", 0, False, False, "logical")
+        assert ex.served_features == ("bf16", 0, True, True, "logical")
+        assert any("passing wcscale = 1.0, bias = 0.0 for every column" in w for w in ex.why), ex.why
+        assert ex.tuning["winner"] == want
+
+
 def test_a_margin_kept_rule_choice_says_so(two_artifacts, tmp_path):
     art = tmp_path / "art"
     shutil.copytree(two_artifacts, art)
