@@ -198,8 +198,8 @@ def explain(variants: Sequence, rules: Mapping[tuple[str, str, str], Rule], p: P
 
 def _filled_why(spec, call: tuple, served: tuple) -> str:
     return (f"no variant built for the call's own features fits; variants built with the inputs it lacks serve "
-            f"it, the call passing {spec.filled_text(call, served)} for every column (a run-time identity: the "
-            f"result is the same)")
+            f"it, the call passing {spec.filled_text(call, served)} for every column (x·1 + 0 = x: the same "
+            f"result, up to the sign of a zero)")
 
 
 def _tuned(ex: Explanation, keyed: list, hit, n_op: int) -> bool:
