@@ -6,7 +6,7 @@ loader.  Its spec says, in one place:
 * ``host_args``: the host function every kernel family of the op must take,
   in order, with its ABI kind (``ptr``: a device pointer or 0, ``i32``: a
   32-bit integer, ``stream``: the CUDA stream);
-* ``features``: the knobs a call must match exactly (the selection key's
+* ``features``: the knobs a call must match (the selection key's
   exact part), with the config key they are enumerated from and the values
   allowed;
 * ``dims``: the problem's integer sizes (``m``, ``n``, ``k`` ...), and
@@ -35,7 +35,7 @@ KNOB_TYPES = (bool, int, str)
 
 @dataclass(frozen=True)
 class Feature:
-    """A knob a call must match exactly.
+    """A knob a call must match: exactly, or for an on/off input with an ``identity``, by a variant built with it.
 
     ``source`` names where enumeration takes its values: a top-level config
     key (``"out_dtypes"``, ``"ranks"``, ``"wcscale"``, ``"bias"``), or
