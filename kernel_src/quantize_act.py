@@ -249,6 +249,10 @@ def threads_for(knobs: dict) -> int:
 # docs/PERF.md: 1-5 % faster than L1::no_allocate).  A likely reason: a lane's two 16-byte loads of a row
 # are the two halves of the same 32-byte sectors, which no_allocate made L2 send twice.
 _CP_CACHE = "ca"
+#: Diagnosis builds only: SVDQ_QUANT_PROBE=1 at build time makes every R > 0 variant write, per CTA, its SM id and
+#: its first / last %globaltimer reading into lora_act_in (32 bytes per CTA) instead of the LoRA sums
+#: (tools/quant_timeline.py reads them).  Never set for artifacts that ship: the cache key does not see it.
+_PROBE = os.environ.get("SVDQ_QUANT_PROBE") == "1"
 _X_HINT = ""
 
 
@@ -576,6 +580,8 @@ class _QuantizeAct:
         W, MT, R, dt, P = self.W, self.MT, self.R, self.dt, self.P
         NG = 2 * MT                     # groups (rows) per lane per step
         cute.arch.griddepcontrol_wait()             # PDL: the previous grid's writes (x) are visible from here on
+        if cutlass.const_expr(_PROBE):
+            p_t0 = _asm("mov.u64 $0, %globaltimer;", (Int64,), [], "=l", True)
         cute.arch.griddepcontrol_launch_dependents()    # the GEMM may launch once every CTA of this grid runs
         tid, _, _ = cute.arch.thread_idx()
         bid, _, _ = cute.arch.block_idx()
@@ -728,9 +734,22 @@ class _QuantizeAct:
                 cc = (idx % (R // 2)) * 2
                 row = row0 + rr
                 ok = Int32((row < m) & (idx < npairs) & (rank == 0))
+                if cutlass.const_expr(_PROBE):
+                    ok = Int32(0)
                 _st_u32_pred(lab + (Int64(cutlass.min(row, m - 1)) * R + cc) * 2,
                              _pack_pair(tot[2 * i], tot[2 * i + 1], dt), ok)
 
+
+        if cutlass.const_expr(_PROBE and R > 0):
+            # diagnosis build only: per CTA (SM id, t_start, t_end) into lora_act_in
+            cute.arch.sync_threads()
+            if tid == 0:
+                p_t1 = _asm("mov.u64 $0, %globaltimer;", (Int64,), [], "=l", True)
+                smid = _asm("mov.u32 $0, %smid;", (Int32,), [], "=r", True)
+                pa = lora_act_in.toint() + Int64(bid) * 32
+                _asm("st.global.v2.u32 [$0], {$1, $1};", (), [pa, smid], "l,r")
+                _asm("st.global.u64 [$0], $1;", (), [pa + 8, p_t0], "l,l")
+                _asm("st.global.u64 [$0], $1;", (), [pa + 16, p_t1], "l,l")
 
     class _Ctx:
         """Trace-time bag of the kernel's per-thread values (keeps the loop body out of the AST rewrite)."""
@@ -848,8 +867,21 @@ class _QuantizeAct:
             aws.append([w & Int32(0x7FFF7FFF) for w in wq])
             amaxes.append(_amax_pairs(aws[-1], dt))
 
-        # ---- LoRA-down MMAs over the staged tile (issued before the code work so that
-        #      their latency overlaps it) ---------------------------------------
+        # ---- scales and codes ------------------------------------------------
+        for qp in range(MT):
+            qa, qb = 2 * qp, 2 * qp + 1
+            sca = _div6(amaxes[qa])
+            scb_ = _div6(amaxes[qb])
+            bytes2, dec_a, dec_b = _e4m3_pair(sca, scb_)
+            for q, byte, dec in ((qa, bytes2 & 0xFF, dec_a), (qb, (bytes2 >> 8) & 0xFF, dec_b)):
+                # a group's code work sits in a branch taken by rows the launch covers: the branch keeps ptxas
+                # from sinking the next step's x loads (issued above, used by the next step) to the loop's end
+                cutlass.if_generate(rowv[q] < m_cover,
+                                    lambda q=q, byte=byte, dec=dec: self._codes(c, s, xh[q], aws[q], amaxes[q], byte,
+                                                                                dec, rowv[q], valid[q]))
+
+        # ---- LoRA-down MMAs over the staged tile, after the code work: 2-5 % faster at R = 32, M = 4608 than
+        #      issuing them first (H200, docs/PERF.md, session 15) -------------------------------------------
         if R > 0:
             _cp_wait(3 if self.ring else 1)               # L_i (newer: ring: x_i+NS-1, L_i+1, x_i+1; regs: L_i+1)
             cute.arch.sync_warp()
@@ -868,19 +900,6 @@ class _QuantizeAct:
                         d = _mma(dt, c4, a, (xh[q][2 * j], xh[q][2 * j + 1]))
                         for i in range(4):
                             acc[o + i] = d[i]
-
-        # ---- scales and codes ------------------------------------------------
-        for qp in range(MT):
-            qa, qb = 2 * qp, 2 * qp + 1
-            sca = _div6(amaxes[qa])
-            scb_ = _div6(amaxes[qb])
-            bytes2, dec_a, dec_b = _e4m3_pair(sca, scb_)
-            for q, byte, dec in ((qa, bytes2 & 0xFF, dec_a), (qb, (bytes2 >> 8) & 0xFF, dec_b)):
-                # a group's code work sits in a branch taken by rows the launch covers: the branch keeps ptxas
-                # from sinking the next step's x loads (issued above, used by the next step) to the loop's end
-                cutlass.if_generate(rowv[q] < m_cover,
-                                    lambda q=q, byte=byte, dec=dec: self._codes(c, s, xh[q], aws[q], amaxes[q], byte,
-                                                                                dec, rowv[q], valid[q]))
 
     def _codes(self, c, s, xh, aws, amax, byte, dec, r, valid):
         """One group's E2M1 codes and scale byte, stored (row r; valid: r < m)."""

@@ -35,6 +35,32 @@ def main() -> None:
             _time_variant(a, art, lib, e, ranks, copies)
 
 
+def direct_calls(lib, e, m, k, r, ks, copies, smooth_on=True):
+    """Variant e's launcher and `copies` argument lists of fresh random bf16 inputs (x [m, k], smooth, lora_down
+    [k, r]) on the current stream, with the K split forced to ks: (launcher, xs, smooth, lora_down, calls)."""
+    xs = [torch.randn(m, k, device="cuda").to(torch.bfloat16) for _ in range(copies)]
+    sm = torch.rand(k, device="cuda").add_(0.5).to(torch.bfloat16) if smooth_on else None
+    ld = (torch.randn(k, r, device="cuda") / k ** 0.5).to(torch.bfloat16) if r else None
+    ln = lib._launcher(e.name, 0, False)
+    calls = [qop.fast_args("sm_90a", x, sm, ld) for x in xs]
+    stream = torch.cuda.current_stream().cuda_stream
+    for c in calls:
+        c[3][qop.STREAM_INDEX] = stream
+        c[3][qop.KSPLIT_INDEX] = ks
+    return ln, xs, sm, ld, calls
+
+
+def timed_pass(ln, calls) -> float:
+    """µs per launch of one back-to-back pass over `calls` (CUDA events around the pass)."""
+    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0.record()
+    for c in calls:
+        ln.launch(c[3])
+    t1.record()
+    t1.synchronize()
+    return t0.elapsed_time(t1) * 1e3 / len(calls)
+
+
 def _time_variant(a, art, lib, e, ranks, copies):
     if e.op != "quantize_act" or e.arch != "sm_90a":
         return
@@ -44,30 +70,13 @@ def _time_variant(a, art, lib, e, ranks, copies):
     for mm, k, ks in ((int(y), int(x), int(s)) for y in a.m.split(",") for x in a.k.split(",")
                       for s in a.ksplit.split(",")):
         for smooth_on in (bool(int(x)) for x in a.smooth.split(",")):
-            xs = [torch.randn(mm, k, device="cuda").to(torch.bfloat16) for _ in range(copies)]
-            sm = torch.rand(k, device="cuda").add_(0.5).to(torch.bfloat16) if smooth_on else None
-            ld = (torch.randn(k, r, device="cuda") / k ** 0.5).to(torch.bfloat16) if r else None
-            ln = lib._launcher(e.name, 0, False)
-            calls = [qop.fast_args("sm_90a", x, sm, ld) for x in xs]
-            stream = torch.cuda.current_stream().cuda_stream
-            for c in calls:
-                c[3][qop.STREAM_INDEX] = stream
-                c[3][qop.KSPLIT_INDEX] = ks
+            ln, xs, sm, ld, calls = direct_calls(lib, e, mm, k, r, ks, copies, smooth_on)
             ln.launch(calls[0][3])
             torch.cuda.synchronize()
             act, sc, _ = calls[0][2]
             ra, rs, _ = quantize_act_ref_torch(xs[0][:64], sm, ld, "logical")     # rows are independent
             exact = torch.equal(act[:64].cpu(), ra) and torch.equal(sc[:64].view(torch.uint8).cpu(), rs)
-            times = []
-            for _ in range(20):
-                t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                t0.record()
-                for c in calls:
-                    ln.launch(c[3])
-                t1.record()
-                t1.synchronize()
-                times.append(t0.elapsed_time(t1) * 1e3 / copies)
-            us = statistics.median(times)
+            us = statistics.median(timed_pass(ln, calls) for _ in range(20))
             nbytes = mm * k * 2 + mm * k // 2 + mm * k // 16 + mm * r * 2 + k * r * 2 + (k * 2 if smooth_on else 0)
             short = (art.rstrip("/").split("/")[-1] + ":" if len(a.artifacts) > 1 else "") + e.name.split("_sm90a_")[1]
             print(f"| {short} | {mm} | {k} | {r} | {int(smooth_on)} | {ks} | {us:.1f} | {nbytes / us / 1e3:.0f} | "
