@@ -119,27 +119,38 @@ _CTA_STEP_K = 64 * 4
 _MIN_WARP_STEPS_AT_8 = 6
 #: With LoRA, the split doubles while twice the CTAs stay resident, at this many per SM (session 14)
 _LORA_CTAS_PER_SM = 3
+#: With LoRA and more tiles than half the resident CTAs, K from which 2 CTAs per tile pay (session 15)
+_LORA_SPLIT_MIN_K = 8192
 
 
 @functools.lru_cache(maxsize=4096)
 def ksplit_for(m: int, k: int, rank: int, sm_count: int) -> int:
     """CTAs (one cluster along K) per 16-row tile of the launch, from M, K, the rank and the SM count.
 
-    The H200 sweeps of docs/PERF.md: with LoRA (3 CTAs of 4 warps per SM) 2 CTAs per tile at large M
-    (finer work units than the 16-row tile: 11-14 % faster at M = 4608, K >= 12288; session 5), and
-    otherwise the largest split whose CTAs, twice over, stay within the 3 resident per SM (M = 1024: 4, 5-9 %
-    faster than 2 at every K; M <= 256: 8; session 14); without LoRA (4 CTAs per SM) 4 per tile, 8 where K
-    gives every warp at least 6 steps at 8 (K >= 12288 at M = 4608: 7-8 % faster than 4; at K = 3072, 4
-    stays fastest; session 10), or as many as keep two CTAs per SM.  A power of two, at most KSPLIT_MAX,
-    and at most one per step of a warp.  Memoised: the loader asks on every call, with the cache key's
-    own values.
+    The H200 sweeps of docs/PERF.md.  With LoRA (3 CTAs of 4 warps per SM): where twice the tiles fit
+    in the resident CTAs, the largest split whose CTAs, twice over, stay within them (M = 1024: 4, 5-9 %
+    faster than 2 at every K; M <= 256: 8; session 14); above that, 2 CTAs per tile only where K is large and
+    the tiles fit in two rounds of the resident CTAs, else 1 (session 15: at M = 9216 / 18432, K = 3072 one
+    CTA per tile is 9 / 17 % faster than two, at M = 18432, K = 12288 3 % faster; at M = 4608 and 9216 with
+    K = 12288 two are 3-11 % faster; at M = 4608, K = 3072 the two tie).  Without LoRA (4 CTAs per SM) 4 per
+    tile, 8 where K gives every warp at least 6 steps at 8 (K >= 12288 at M = 4608: 7-8 % faster than 4; at
+    K = 3072, 4 stays fastest; session 10), or as many as keep two CTAs per SM.  A power of two, at most
+    KSPLIT_MAX, and at most one per step of a warp.  Memoised: the loader asks on every call, with the
+    cache key's own values.
     """
     tiles = -(-m // 16)
-    fill, floor = (_LORA_CTAS_PER_SM * sm_count, 2) if rank else \
-        (2 * sm_count, 8 if k >= _CTA_STEP_K * 8 * _MIN_WARP_STEPS_AT_8 else 4)
-    s = floor
-    while s < KSPLIT_MAX and tiles * 2 * s <= fill:
-        s *= 2
+    if rank:
+        fill = _LORA_CTAS_PER_SM * sm_count
+        if tiles * 2 > fill:                         # many tiles: the split only pays at large K, in two rounds
+            s = 2 if k >= _LORA_SPLIT_MIN_K and tiles <= 2 * fill else 1
+        else:
+            s = 2
+            while s < KSPLIT_MAX and tiles * 2 * s <= fill:
+                s *= 2
+    else:
+        s = 8 if k >= _CTA_STEP_K * 8 * _MIN_WARP_STEPS_AT_8 else 4
+        while s < KSPLIT_MAX and tiles * 2 * s <= 2 * sm_count:
+            s *= 2
     steps_per_warp_group = k // _CTA_STEP_K
     while s > 1 and s > steps_per_warp_group:
         s //= 2
