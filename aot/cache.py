@@ -13,7 +13,11 @@ depend on:
   (``svdq_aot.host_ir``, ``svdq_aot.derive_recipe``, ``svdq_aot.build``,
   ``svdq_aot.cache``) and the loader modules those read (``svdq_loader``
   without ``testing``);
-* the DSL's version, this package's version and the Python version.
+* the DSL's version, this package's version and the Python version;
+* any kernel build switch that is set: an environment variable named
+  ``SVDQ_KERNEL_*`` that a family reads at trace time (diagnosis builds such
+  as ``SVDQ_KERNEL_QUANT_PROBE``), so such a build never shares a key with a
+  plain one.  With none set, the key is what it was before switches existed.
 
 Changing one kernel file therefore re-keys exactly the variants of the
 families that import it; a second config that shares variants finds them.
@@ -140,6 +144,15 @@ def family_sources(family: Any) -> dict[str, str]:
             for p, d in sorted(seen.items())}
 
 
+#: Prefix of the environment variables that change compiled kernel bytes (read by families at trace time).
+KERNEL_ENV_PREFIX = "SVDQ_KERNEL_"
+
+
+def kernel_switches() -> dict[str, str]:
+    """The kernel build switches set in this process ({name: value}, sorted)."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(KERNEL_ENV_PREFIX)}
+
+
 @lru_cache(maxsize=None)
 def builder_digest() -> str:
     """One hash over the builder and loader code that turns a compiled function into artifact bytes."""
@@ -169,6 +182,8 @@ def variant_key(variant: Any, family: Any) -> str:
         "svdq_aot": __version__, "dsl": dsl_version(),
         "python": f"{sys.implementation.name}-{platform.python_version()}",
     }
+    if kernel_switches():
+        doc["kernel_switches"] = kernel_switches()
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
@@ -301,6 +316,8 @@ def build_fingerprint(config_path: str | os.PathLike, shard: tuple[int, int] | N
             "families": sources, "svdq_aot": __version__, "dsl": dsl_version(),
             "python": f"{sys.implementation.name}-{platform.python_version()}",
         }
+        if kernel_switches():
+            doc["kernel_switches"] = kernel_switches()
     except (OSError, ImportError, ValueError, AttributeError):
         return None
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()

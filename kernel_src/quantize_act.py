@@ -249,10 +249,11 @@ def threads_for(knobs: dict) -> int:
 # docs/PERF.md: 1-5 % faster than L1::no_allocate).  A likely reason: a lane's two 16-byte loads of a row
 # are the two halves of the same 32-byte sectors, which no_allocate made L2 send twice.
 _CP_CACHE = "ca"
-#: Diagnosis builds only: SVDQ_QUANT_PROBE=1 at build time makes every R > 0 variant write, per CTA, its SM id and
-#: its first / last %globaltimer reading into lora_act_in (32 bytes per CTA) instead of the LoRA sums
-#: (tools/quant_timeline.py reads them).  Never set for artifacts that ship: the cache key does not see it.
-_PROBE = os.environ.get("SVDQ_QUANT_PROBE") == "1"
+#: Diagnosis builds only: SVDQ_KERNEL_QUANT_PROBE=1 at build time makes every R > 0 variant write, per CTA, its SM
+#: id and its first / last %globaltimer reading into lora_act_in (32 bytes per CTA) instead of the LoRA sums
+#: (tools/quant_timeline.py reads them).  A kernel build switch: it enters the cache key and the build fingerprint
+#: (svdq_aot.cache), so such cubins are never mixed with plain ones.
+_PROBE = os.environ.get("SVDQ_KERNEL_QUANT_PROBE") == "1"
 _X_HINT = ""
 
 

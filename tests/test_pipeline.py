@@ -366,3 +366,24 @@ def test_progress_displays(fake, cfg, tmp_path):
     build_set(cfg, tmp_path / "a", progress=RichProgress(buf))
     assert "10 of 10 variant(s) from the cache" in buf.getvalue()
     assert type(make_progress(io.StringIO())).__name__ == "LineProgress"   # not a terminal: plain lines
+
+
+def test_kernel_build_switches_enter_the_key_and_the_fingerprint(tmp_path, monkeypatch):
+    """A diagnosis build (SVDQ_KERNEL_* set) never shares a cache entry or an up-to-date record with a plain one;
+    with no switch set, the key does not carry the field at all."""
+    pkg = _kernel_pkg(tmp_path)
+    fam = _mod(pkg, "fam_a")
+    v = B.Variant.make("quantize_act", "sm_90a", {"dtype": "bf16", "rank": 32, "warps": 4, "m_tiles": 1})
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text((Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml").read_text())
+    for name in [n for n in __import__("os").environ if n.startswith(K.KERNEL_ENV_PREFIX)]:
+        monkeypatch.delenv(name)
+    plain_key, plain_fp = K.variant_key(v, fam), K.build_fingerprint(cfg, None)
+    monkeypatch.setenv("SVDQ_KERNEL_QUANT_PROBE", "1")
+    probe_key, probe_fp = K.variant_key(v, fam), K.build_fingerprint(cfg, None)
+    assert probe_key != plain_key and probe_fp != plain_fp
+    monkeypatch.setenv("SVDQ_KERNEL_QUANT_PROBE", "0")
+    assert K.variant_key(v, fam) not in (plain_key, probe_key)
+    monkeypatch.setenv("SVDQ_QUANT_PROBE", "1")          # not a kernel switch: no effect
+    monkeypatch.delenv("SVDQ_KERNEL_QUANT_PROBE")
+    assert K.variant_key(v, fam) == plain_key and K.build_fingerprint(cfg, None) == plain_fp

@@ -1,6 +1,6 @@
-"""Per-CTA timeline of a quantize_act launch, from a diagnosis build (SVDQ_QUANT_PROBE=1 at build time).
+"""Per-CTA timeline of a quantize_act launch, from a diagnosis build (SVDQ_KERNEL_QUANT_PROBE=1 at build time).
 
-    SVDQ_QUANT_PROBE=1 svdq-aot build CONFIG -o artifacts_qprobe --no-cache      # CPU, rank > 0 variants
+    SVDQ_KERNEL_QUANT_PROBE=1 svdq-aot build CONFIG -o artifacts_qprobe               # CPU, rank > 0 variants
     python3 tools/quant_timeline.py artifacts_qprobe --m 4608 --k 3072,12288 --ksplit 1,2,4   # on a GPU
 
 Such a build writes, per CTA, its SM id and its first / last %globaltimer reading into lora_act_in
