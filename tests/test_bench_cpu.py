@@ -146,6 +146,44 @@ def test_unfused_matches_float64_formula(dtype, rank, affine):
     assert (y.double() - want).norm() / want.norm() < 1e-2
 
 
+@pytest.mark.parametrize("dtype,rank", [("bf16", 32), ("fp16", 16), ("bf16", 0)])
+def test_torch_linear_matches_float64_reference(dtype, rank):
+    """The linear baseline's math: quantize_act's exact rules (codes, scales and lora_act_in of the float64
+    reference quantizer), then the float64 GEMM formula; x with a large dynamic range so smoothing, the block
+    scales and every epilogue term move the result far beyond the tolerance."""
+    from svdq_loader.testing.bench_linear import torch_linear
+    from svdq_loader.testing.quantize_ref import quantize_act_ref
+    tdt = torch.bfloat16 if dtype == "bf16" else torch.float16
+    m, k, n = 9, 128, 40
+    g = torch.Generator().manual_seed(11)
+    x = (torch.randn(m, k, generator=g) * torch.exp2(torch.randint(-3, 4, (m, k), generator=g).float())).to(tdt)
+    smooth = (torch.rand(k, generator=g) * 3 + 0.25).to(tdt)
+    ld = (torch.randn(k, rank, generator=g) / k ** 0.5).to(tdt) if rank else None
+    p = ref.random_problem(m, n, k, rank, seed=5, out_dtype=dtype)
+    y = torch_linear(x, smooth, ld, p["wgt"], p["wscales"], p["lora_up"], p["wcscale"], p["bias"])
+    np32 = (lambda t: t.to(torch.float16).numpy()) if dtype == "fp16" else (lambda t: t.float().numpy())
+    act, asc, la = quantize_act_ref(np32(x), np32(smooth), None if ld is None else np32(ld), dtype=dtype)
+    want = ref.reference_gemm_w4a4(act, p["wgt"].numpy(), asc, p["wscales"].view(torch.uint8).numpy(),
+                                   lora_act_in=la, lora_up=None if la is None else p["lora_up"].double().numpy(),
+                                   wcscale=p["wcscale"].double().numpy(), bias=p["bias"].double().numpy())
+    assert y.dtype == tdt and y.shape == (m, n)
+    rel = float(np.linalg.norm(y.double().numpy() - want) / np.linalg.norm(want))
+    assert rel < 1e-2, rel
+    without_bias = ref.reference_gemm_w4a4(act, p["wgt"].numpy(), asc, p["wscales"].view(torch.uint8).numpy(),
+                                           lora_act_in=la,
+                                           lora_up=None if la is None else p["lora_up"].double().numpy(),
+                                           wcscale=p["wcscale"].double().numpy())
+    assert np.linalg.norm(without_bias - want) / np.linalg.norm(want) > 10 * rel     # the bias is seen
+
+
+def test_linear_set_bytes():
+    from svdq_loader.testing.bench_linear import linear_set_bytes
+    m, k, n, r = 16, 3072, 9216, 32
+    assert linear_set_bytes(m, k, n, r) == (2 * m * k + m * k // 2 + m * k // 16 + n * k // 2 + n * k // 16
+                                            + 2 * k + 2 * r * (k + m + n) + 8 * n + 2 * m * n)
+    assert linear_set_bytes(m, k, n, 0) < linear_set_bytes(m, k, n, r)
+
+
 # ---------------------------------------------------------------------------
 # command line, rendering, exits
 # ---------------------------------------------------------------------------
@@ -172,6 +210,7 @@ def test_argument_parsing():
                                          "--op", "quantize_act", "--quick"])
     assert a.m == [16, 4608] and a.dtype == ["bf16", "fp16"] and a.baselines == ["fp8", "compile"] and a.quick
     assert bench.build_parser().parse_args(["--baselines", "none"]).baselines == []
+    assert bench.build_parser().parse_args(["--op", "linear"]).op == "linear"
     for bad in (["--dtype", "fp32"], ["--m", "16,x"], ["--m", "0"], ["--baselines", "cudnn"], ["--op", "conv"]):
         with pytest.raises(SystemExit) as e:
             bench.build_parser().parse_args(bad)
@@ -239,9 +278,15 @@ def _synthetic_doc():
                 gpu_bound=False, ref_size="[16,128]x[128,128]",
                 refs={"torch.matmul": 5.0, "torch.matmul(out=)": 4.5}, ratio={"torch.matmul": 1.9,
                                                                               "torch.matmul(out=)": 2.11})
+    linear = dict(op="linear", m=16, k=3072, n=3072, rank=32, dtype="bf16", smooth=True,
+                  check=dict(rel_err_vs_eager=3.9e-3, ok=True), ours=t(12.8, tflops=23.6),
+                  baselines={"dense": t(10.1, tflops=29.9, speedup=10.1 / 12.8),
+                             "compile": t(60.0, tflops=5.0, speedup=60.0 / 12.8)})
     return dict(schema="svdq-aot-bench/1", env=dict(gpu="NVIDIA H200", torch="2.11.0", loader="0.1.0"),
                 copy_bw=dict(gbps=4000.0), gemm=[gemm, dict(op="gemm_w4a4", m=16, k=100, n=9216, rank=32,
                                                             dtype="bf16", skipped="UnsupportedProblem: K=100")],
+                linear=[linear, dict(op="linear", m=16, k=3072, n=3072, rank=32, dtype="fp16",
+                                     error="RuntimeError: out of memory")],
                 quantize_act=[quant], host=[host])
 
 
@@ -255,6 +300,9 @@ def test_render_tables_from_synthetic_results():
     assert "| 4608 | 3072 | 32 | bf16 |" in text and "2800" in text and "70%" in text and "815.0 (40.75×)" in text
     assert "4000 GB/s" in text
     assert "torch.matmul [16,128]x[128,128] | 5.00 | 1.90×" in text
+    assert "### linear: quantize_act + gemm_w4a4" in text
+    assert "| 16 | 3072 | 3072 | 32 | bf16 | 12.8 | 23.6 | 29.9 (0.79×) | 5.0 (4.69×) | ok 3.9e-03 |" in text
+    assert "linear m=16, k=3072, n=3072, rank=32, dtype=fp16: ERROR: RuntimeError: out of memory" in text
     assert "skipped: UnsupportedProblem: K=100" in text
     assert "compile: BackendCompilerFailed: boom" in text
     assert json.loads(json.dumps(doc)) == doc                 # the document is plain JSON

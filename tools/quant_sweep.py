@@ -14,6 +14,7 @@ import torch
 
 import svdq_loader
 from svdq_loader.ops import quantize_act as qop
+from svdq_loader.testing import torch_quant as tq
 from svdq_loader.testing.quantize_ref import quantize_act_ref_torch
 
 
@@ -25,6 +26,8 @@ def main() -> None:
     ap.add_argument("--ksplit", default="1", help="cluster K splits to time (the launch's ksplit argument)")
     ap.add_argument("--smooth", default="0,1")
     ap.add_argument("--ranks", default="", help="only these ranks (default: every built rank)")
+    ap.add_argument("--full-check", action="store_true",
+                    help="check every row's codes and scales, and lora_act_in, against the torch version")
     a = ap.parse_args()
     copies = 8
     print("| variant | M | K | R | smooth | ksplit | µs (median) | GB/s | exact |\n|---|---|---|---|---|---|---|---|---|")
@@ -73,9 +76,17 @@ def _time_variant(a, art, lib, e, ranks, copies):
             ln, xs, sm, ld, calls = direct_calls(lib, e, mm, k, r, ks, copies, smooth_on)
             ln.launch(calls[0][3])
             torch.cuda.synchronize()
-            act, sc, _ = calls[0][2]
+            act, sc, la = calls[0][2]
             ra, rs, _ = quantize_act_ref_torch(xs[0][:64], sm, ld, "logical")     # rows are independent
             exact = torch.equal(act[:64].cpu(), ra) and torch.equal(sc[:64].view(torch.uint8).cpu(), rs)
+            if a.full_check:
+                # every row against the torch version (equal to the reference: tests/test_gpu_quantize.py), and
+                # lora_act_in within bf16 rounding of it
+                ta, ts, tl = tq.quantize_act(xs[0], sm, ld)
+                exact = exact and torch.equal(act, ta) and torch.equal(sc.view(torch.uint8), ts.view(torch.uint8))
+                if la is not None:
+                    err = float((la.float() - tl.float()).norm() / tl.float().norm())
+                    exact = exact and err < 1e-2
             us = statistics.median(timed_pass(ln, calls) for _ in range(20))
             nbytes = mm * k * 2 + mm * k // 2 + mm * k // 16 + mm * r * 2 + k * r * 2 + (k * 2 if smooth_on else 0)
             short = (art.rstrip("/").split("/")[-1] + ":" if len(a.artifacts) > 1 else "") + e.name.split("_sm90a_")[1]

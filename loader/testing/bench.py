@@ -9,6 +9,11 @@ gemm_w4a4, for every (M, K, N): our kernel, cuBLAS in the 16-bit dtype
 matmul, epilogue) and torch.compile of it, all on the same M, K, N in the same
 process.  TFLOP/s = 2·M·N·K / time (LoRA flops not counted).
 
+linear (``--op linear``), for every (M, K, N): a whole W4A4 linear as a model
+runs it -- quantize_act on 16-bit activations, then gemm_w4a4 -- against
+cuBLAS on the 16-bit operands (the layer it replaces) and the same linear in
+eager torch and torch.compile (``svdq_loader.testing.bench_linear``).
+
 quantize_act, for every (M, K): our kernel against the same math in plain torch
 (eager and torch.compile), as GB/s of the bytes it must move, and as a
 fraction of the device-to-device copy bandwidth measured in this run.
@@ -43,10 +48,10 @@ GEMM_M = [16, 64, 256, 1024, 4608, 9728]
 QUANT_M = [4608]
 QUICK_M = [256, 4608]
 BASELINES = {
-    "dense": "cuBLAS in the 16-bit dtype: torch.matmul [M,K]x[K,N] (gemm_w4a4)",
+    "dense": "cuBLAS in the 16-bit dtype: torch.matmul [M,K]x[K,N] (gemm_w4a4, linear)",
     "fp8": "cuBLAS FP8 per-tensor: torch._scaled_mm, e4m3 operands, scales 1.0 (gemm_w4a4)",
-    "eager": "the same math in plain eager torch (both ops; for the GEMM: dequantize + matmul + epilogue)",
-    "compile": "torch.compile of the eager version (both ops)",
+    "eager": "the same math in plain eager torch (every op; for the GEMM: dequantize + matmul + epilogue)",
+    "compile": "torch.compile of the eager version (every op)",
 }
 GEMM_BASELINES = ("dense", "fp8", "eager", "compile")
 QUANT_BASELINES = ("eager", "compile")
@@ -110,10 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--config", metavar="YAML",
                     help="take the (K, N) shapes from this build config (keys shapes.NAME.{k,n}); "
                          "default: the six FLUX.1 linears")
-    ap.add_argument("--op", choices=["gemm_w4a4", "quantize_act", "all"], default="all",
-                    help="which operator to time (default: %(default)s)")
+    ap.add_argument("--op", choices=["gemm_w4a4", "quantize_act", "linear", "all"], default="all",
+                    help="what to time: one operator, the whole linear (quantize_act then gemm_w4a4, from 16-bit "
+                         "activations), or all three (default: %(default)s)")
     ap.add_argument("--m", type=_int_list, metavar="LIST",
-                    help="token counts M for gemm_w4a4 (default: " + ",".join(map(str, GEMM_M))
+                    help="token counts M for gemm_w4a4 and linear (default: " + ",".join(map(str, GEMM_M))
                          + "; with --quick: " + ",".join(map(str, QUICK_M)) + ")")
     ap.add_argument("--quant-m", type=_int_list, metavar="LIST",
                     help="token counts M for quantize_act (default: " + ",".join(map(str, QUANT_M)) + ")")
@@ -320,20 +326,19 @@ def gemm_case(lib, m, k, n, rank, dtype, baselines, st, l2) -> dict:
     p = ref.random_problem(m, n, k, rank, seed=(m * 7919 + k * 31 + n) % 2**31, out_dtype=dtype, device="cuda")
     sets = gemm_input_sets(p, m, k, n, rank, l2)
     outs = [torch.empty(m, n, dtype=tdt, device="cuda") for _ in sets]
-    try:
+
+    def setup():
         ws = [lib.prepare_weight(q["wgt"], q["wscales"], lora_up=q["lora_up"], wcscale=q["wcscale"], bias=q["bias"])
               for q in sets]
 
         def ours(i):
             q = sets[i]
             lib.gemm_w4a4(q["act"], ws[i], q["ascales"], lora_act_in=q["lora_act_in"], out=outs[i])
+        return ours
 
-        ours(0)
-        torch.cuda.synchronize()
-    except Exception as exc:  # noqa: BLE001
-        if is_unsupported(exc):
-            return dict(res, skipped=f"{type(exc).__name__}: {_first_line(exc)}")
-        raise
+    ours, skipped = first_call_or_skip(res, setup)
+    if skipped:
+        return skipped
     lut = tq.e2m1_lut(tdt, "cuda")
 
     def unfused(f):
@@ -348,22 +353,37 @@ def gemm_case(lib, m, k, n, rank, dtype, baselines, st, l2) -> dict:
     rel = float((got - want).norm() / want.norm().clamp_min(1e-30))
     res["check"] = dict(rel_err_vs_eager=rel, ok=bool(rel < CHECK_TOL and torch.isfinite(got).all()))
     del want, got
-    res["ours"] = time_calls(ours, len(sets), st)
-    res["ours"]["tflops"] = tflops(m, n, k, res["ours"]["us"])
+    timers = {"dense": lambda: _dense_case(m, k, n, tdt, st, l2), "fp8": lambda: _fp8_case(m, k, n, tdt, st, l2),
+              "eager": lambda: time_calls(unfused(tq.w4a4_unfused), len(sets), st),
+              "compile": lambda: time_calls(unfused(tq.compiled(tq.w4a4_unfused)), len(sets), st)}
+    return time_against(res, ours, len(sets), st, (m, n, k), {b: timers[b] for b in baselines if b in timers})
 
+
+def first_call_or_skip(res: dict, setup):
+    """(ours, None) after one synchronised call of the case's `ours = setup()`, or (None, the case skipped) where
+    the loader refuses the problem as unsupported; any other failure propagates."""
+    import torch
+    try:
+        ours = setup()
+        ours(0)
+        torch.cuda.synchronize()
+    except Exception as exc:  # noqa: BLE001
+        if is_unsupported(exc):
+            return None, dict(res, skipped=f"{type(exc).__name__}: {_first_line(exc)}")
+        raise
+    return ours, None
+
+
+def time_against(res: dict, ours, n_sets: int, st: Settings, mnk: tuple, timers: dict) -> dict:
+    """`res` with our time and TFLOP/s, and each baseline's (timers: name -> () -> time_calls dict), ours× =
+    our throughput over the baseline's; a failing baseline is recorded, not raised."""
+    res["ours"] = time_calls(ours, n_sets, st)
+    res["ours"]["tflops"] = tflops(*mnk, res["ours"]["us"])
     base = {}
-    for name in baselines:
-        if name not in GEMM_BASELINES:
-            continue
+    for name, timer in timers.items():
         try:
-            if name == "dense":
-                b = _dense_case(m, k, n, tdt, st, l2)
-            elif name == "fp8":
-                b = _fp8_case(m, k, n, tdt, st, l2)
-            else:
-                b = time_calls(unfused(tq.w4a4_unfused if name == "eager" else tq.compiled(tq.w4a4_unfused)),
-                               len(sets), st)
-            b["tflops"] = tflops(m, n, k, b["us"])
+            b = timer()
+            b["tflops"] = tflops(*mnk, b["us"])
             b["speedup"] = b["us"] / res["ours"]["us"]       # ours / baseline in throughput
         except Exception as exc:  # noqa: BLE001 - one baseline failing must not lose the case
             b = dict(error=f"{type(exc).__name__}: {_first_line(exc)}")
@@ -591,27 +611,36 @@ def _base_cell(b: dict | None, key: str, spec: str) -> str:
     return f"{format(b[key], spec)} ({b['speedup']:.2f}×)"
 
 
+def _matmul_table(rows: list, baselines: tuple, title: str) -> list:
+    """Markdown lines of a GEMM-shaped table (gemm_w4a4, linear): none without measured rows."""
+    if not rows:
+        return []
+    names = [b for b in baselines if any(b in r.get("baselines", {}) for r in rows)]
+    dts = "/".join(dict.fromkeys(r["dtype"] for r in rows))
+    head = ["M", "K", "N", "R", "dtype", "ours µs", "ours TFLOP/s"]
+    head += [LABELS[b].format(dtype=dts) + " TFLOP/s (ours×)" for b in names] + ["check"]
+    lines = [title, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        chk = r.get("check", {})
+        cells = [r["m"], r["k"], r["n"], r["rank"], r["dtype"], _f(r["ours"]["us"]), _f(r["ours"]["tflops"])]
+        cells += [_base_cell(r["baselines"].get(b), "tflops", ".1f") for b in names]
+        cells.append(("ok" if chk.get("ok") else "**MISMATCH**") + f" {chk.get('rel_err_vs_eager', 0):.1e}"
+                     if chk else "–")
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return lines + [""]
+
+
 def render_tables(doc: dict) -> str:
     """The markdown tables of a bench document (ours; each baseline with ours/baseline in parentheses)."""
     env = doc.get("env", {})
     lines = [f"## svdq-aot bench — {env.get('gpu', '?')}, torch {env.get('torch', '?')}, "
              f"svdq_loader {env.get('loader', '?')}", ""]
-    gemm = [r for r in doc.get("gemm", []) if "ours" in r]
-    if gemm:
-        names = [b for b in GEMM_BASELINES if any(b in r.get("baselines", {}) for r in gemm)]
-        dts = "/".join(dict.fromkeys(r["dtype"] for r in gemm))
-        head = ["M", "K", "N", "R", "dtype", "ours µs", "ours TFLOP/s"]
-        head += [LABELS[b].format(dtype=dts) + " TFLOP/s (ours×)" for b in names] + ["check"]
-        lines += ["### gemm_w4a4 (TFLOP/s = 2·M·N·K / time; ours× = our throughput / baseline's)", "",
-                  "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for r in gemm:
-            chk = r.get("check", {})
-            cells = [r["m"], r["k"], r["n"], r["rank"], r["dtype"], _f(r["ours"]["us"]), _f(r["ours"]["tflops"])]
-            cells += [_base_cell(r["baselines"].get(b), "tflops", ".1f") for b in names]
-            cells.append(("ok" if chk.get("ok") else "**MISMATCH**") + f" {chk.get('rel_err_vs_eager', 0):.1e}"
-                         if chk else "–")
-            lines.append("| " + " | ".join(map(str, cells)) + " |")
-        lines.append("")
+    lines += _matmul_table([r for r in doc.get("gemm", []) if "ours" in r], GEMM_BASELINES,
+                           "### gemm_w4a4 (TFLOP/s = 2·M·N·K / time; ours× = our throughput / baseline's)")
+    from .bench_linear import LINEAR_BASELINES
+    lines += _matmul_table([r for r in doc.get("linear", []) if "ours" in r], LINEAR_BASELINES,
+                           "### linear: quantize_act + gemm_w4a4 from 16-bit activations (TFLOP/s = 2·M·N·K / "
+                           "time; ours× = our throughput / baseline's)")
     quant = [r for r in doc.get("quantize_act", []) if "ours" in r]
     if quant:
         cbw = doc.get("copy_bw", {}).get("gbps")
@@ -640,7 +669,8 @@ def render_tables(doc: dict) -> str:
                 lines.append("| " + " | ".join(first + [f"{name} {r['ref_size'] if 'matmul' in name else ''}".strip(),
                                                         _f(us, ".2f"), f"{r['ratio'][name]:.2f}×"]) + " |")
         lines.append("")
-    skipped = [r for key in ("gemm", "quantize_act", "host") for r in doc.get(key, []) if "skipped" in r or "error" in r]
+    skipped = [r for key in ("gemm", "linear", "quantize_act", "host") for r in doc.get(key, [])
+               if "skipped" in r or "error" in r]
     if skipped:
         lines += ["### skipped / failed", ""]
         for r in skipped:
@@ -648,7 +678,7 @@ def render_tables(doc: dict) -> str:
             lines.append(f"- {r['op']} {what}: " + (f"skipped: {r['skipped']}" if "skipped" in r
                                                      else f"ERROR: {r['error']}"))
         lines.append("")
-    errs = [(r, b, v["error"]) for key in ("gemm", "quantize_act") for r in doc.get(key, [])
+    errs = [(r, b, v["error"]) for key in ("gemm", "linear", "quantize_act") for r in doc.get(key, [])
             for b, v in r.get("baselines", {}).items() if "error" in v]
     if errs:
         lines += ["### baseline errors", ""]
@@ -667,14 +697,16 @@ def write_plot(doc: dict, path: str) -> str | None:
     except ImportError:
         return "matplotlib is not installed"
     panels = []          # (title, x labels, [(series name, values)], horizontal line or None)
-    gemm = [r for r in doc.get("gemm", []) if "ours" in r]
-    for key in dict.fromkeys((r["k"], r["n"], r["dtype"]) for r in gemm):   # one panel per (K, N, dtype)
-        rows = [r for r in gemm if (r["k"], r["n"], r["dtype"]) == key]
-        names = [b for b in GEMM_BASELINES if any("tflops" in r["baselines"].get(b, {}) for r in rows)]
-        panels.append((f"gemm_w4a4 K={key[0]} N={key[1]} {key[2]}: TFLOP/s", [f"M={r['m']}" for r in rows],
-                       [("ours", [r["ours"]["tflops"] for r in rows])]
-                       + [(LABELS[b].format(dtype=key[2]), [r["baselines"].get(b, {}).get("tflops") for r in rows])
-                          for b in names], None))
+    from .bench_linear import LINEAR_BASELINES
+    for op, key_doc, bases in (("gemm_w4a4", "gemm", GEMM_BASELINES), ("linear", "linear", LINEAR_BASELINES)):
+        measured = [r for r in doc.get(key_doc, []) if "ours" in r]
+        for key in dict.fromkeys((r["k"], r["n"], r["dtype"]) for r in measured):   # a panel per (K, N, dtype)
+            rows = [r for r in measured if (r["k"], r["n"], r["dtype"]) == key]
+            names = [b for b in bases if any("tflops" in r["baselines"].get(b, {}) for r in rows)]
+            panels.append((f"{op} K={key[0]} N={key[1]} {key[2]}: TFLOP/s", [f"M={r['m']}" for r in rows],
+                           [("ours", [r["ours"]["tflops"] for r in rows])]
+                           + [(LABELS[b].format(dtype=key[2]), [r["baselines"].get(b, {}).get("tflops")
+                                                               for r in rows]) for b in names], None))
     quant = [r for r in doc.get("quantize_act", []) if "ours" in r]
     if quant:
         names = [b for b in QUANT_BASELINES if any("gbps" in r["baselines"].get(b, {}) for r in quant)]
@@ -777,7 +809,7 @@ def main(argv=None) -> int:
     st = Settings(**{**st.__dict__, "graphs": not args.no_graphs})
     if args.quick:
         shapes = quick_shapes(shapes)
-    ops = ["gemm_w4a4", "quantize_act"] if args.op == "all" else [args.op]
+    ops = ["gemm_w4a4", "linear", "quantize_act"] if args.op == "all" else [args.op]
     gemm_m = args.m or (QUICK_M if args.quick else GEMM_M)
     quant_m = args.quant_m or QUANT_M
     torch.manual_seed(0)
@@ -788,7 +820,7 @@ def main(argv=None) -> int:
                            rotation="input+output copies so one pass moves > 2x L2", graphs=st.graphs,
                            tflops="2*M*N*K/time (LoRA not counted)", fp8="torch._scaled_mm, use_fast_accum=False",
                            compile="torch.compile(dynamic=False), default mode: one static compilation per shape"),
-               gemm=[], quantize_act=[], host=[])
+               gemm=[], linear=[], quantize_act=[], host=[])
     print(f"svdq-aot bench: {env['gpu']} (L2 {l2 >> 20} MiB), torch {env['torch']}, "
           f"svdq_loader {env['loader']}, artifacts {args.artifacts}", flush=True)
     failed = 0
@@ -804,7 +836,7 @@ def main(argv=None) -> int:
         else:
             if "skipped" in r:
                 print(f"  {desc}: skipped: {r['skipped']}", flush=True)
-            elif key == "gemm":
+            elif key in ("gemm", "linear"):
                 o, b = r["ours"], r["baselines"]
                 print(f"  {desc}: {o['us']:9.1f} us {o['tflops']:7.1f} TFLOP/s  " + "  ".join(
                     f"{n} {v['tflops']:.0f}" if "tflops" in v else f"{n} error" for n, v in b.items()), flush=True)
@@ -816,12 +848,16 @@ def main(argv=None) -> int:
         doc[key].append(r)
         _free()
 
-    if "gemm_w4a4" in ops:
-        print("gemm_w4a4:", flush=True)
+    from .bench_linear import linear_case
+    for op, key, case, title in (("gemm_w4a4", "gemm", gemm_case, "gemm_w4a4:"),
+                                 ("linear", "linear", linear_case, "linear (quantize_act + gemm_w4a4):")):
+        if op not in ops:
+            continue
+        print(title, flush=True)
         for dtype in args.dtype:
             for _, k, n in shapes:
                 for m in gemm_m:
-                    run_case("gemm", lambda m=m, k=k, n=n, dtype=dtype: gemm_case(
+                    run_case(key, lambda m=m, k=k, n=n, dtype=dtype, case=case: case(
                         lib, m, k, n, args.rank, dtype, args.baselines, st, l2),
                         f"M={m} K={k} N={n} {dtype}")
     if "quantize_act" in ops:
@@ -852,7 +888,7 @@ def main(argv=None) -> int:
     if args.plot:
         why = write_plot(doc, args.plot)
         print(f"no plot: {why}" if why else f"wrote {args.plot}")
-    measured = sum("ours" in r for key in ("gemm", "quantize_act") for r in doc[key])
+    measured = sum("ours" in r for key in ("gemm", "linear", "quantize_act") for r in doc[key])
     print()
     print(text, flush=True)
     if failed:
