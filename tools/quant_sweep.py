@@ -1,9 +1,12 @@
 """Time every built quantize_act variant of an artifact set on this GPU (tuning data for docs/PERF.md).
 
     python3 tools/quant_sweep.py ARTIFACTS [--m 4608,1024] [--k 3072,15360] [--ksplit 1,2,4] [--smooth 0,1]
+        [--ranks 0,32] [--full-check]
 
 Bypasses selection (each variant's launcher is driven directly); checks every
-variant's codes and scales against the exact reference once.
+variant's codes and scales of the first 64 rows against the exact reference
+once per row of the table, and with --full-check every row's codes and scales
+and lora_act_in against the torch version as well.
 """
 from __future__ import annotations
 
