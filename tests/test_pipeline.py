@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import types
 from pathlib import Path
 
@@ -376,7 +377,7 @@ def test_kernel_build_switches_enter_the_key_and_the_fingerprint(tmp_path, monke
     v = B.Variant.make("quantize_act", "sm_90a", {"dtype": "bf16", "rank": 32, "warps": 4, "m_tiles": 1})
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text((Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml").read_text())
-    for name in [n for n in __import__("os").environ if n.startswith(K.KERNEL_ENV_PREFIX)]:
+    for name in [n for n in os.environ if n.startswith(K.KERNEL_ENV_PREFIX)]:
         monkeypatch.delenv(name)
     plain_key, plain_fp = K.variant_key(v, fam), K.build_fingerprint(cfg, None)
     monkeypatch.setenv("SVDQ_KERNEL_QUANT_PROBE", "1")

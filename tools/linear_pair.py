@@ -18,6 +18,7 @@ import torch
 
 import svdq_loader
 from svdq_loader.testing import bench, reference as ref, torch_quant as tq
+from svdq_loader.testing.bench_linear import linear_set_bytes
 
 
 def main(argv=None) -> int:
@@ -37,14 +38,10 @@ def main(argv=None) -> int:
         k, n = (int(v) for v in kn.split("x"))
         for m in (int(v) for v in a.m.split(",")):
             p = ref.random_problem(m, n, k, r, seed=m * 31 + k + n, out_dtype="bf16", device="cuda")
-            per_set = 2 * m * k + n * k // 2 + n * k // 16 + 2 * r * (m + n + k) + 2 * m * n
-            nset = bench.n_sets_for(per_set, l2)
-            g = torch.Generator(device="cuda").manual_seed(m + k)
-            xs = [torch.randn(m, k, device="cuda", generator=g).to(tdt) for _ in range(nset)]
-            smooth = (torch.rand(k, device="cuda", generator=g) * 1.5 + 0.5).to(tdt)
-            ld = (torch.randn(k, r, device="cuda", generator=g) / k ** 0.5).to(tdt)
-            wd = [torch.randn(n, k, device="cuda", generator=g).to(tdt) for _ in range(nset)]
-            dense = bench.time_calls(lambda i: xs[i] @ wd[i].t(), nset, st)["us"]
+            nset = bench.n_sets_for(linear_set_bytes(m, k, n, r), l2)
+            x, smooth, ld = bench._quant_inputs(m, k, r, tdt, seed=m + k)
+            xs = [x] + [x.clone() for _ in range(nset - 1)]
+            dense = bench._dense_case(m, k, n, tdt, st, l2)["us"]
             row = dict(m=m, k=k, n=n, cublas_us=dense)
             for d, lib in libs:
                 ws = [lib.prepare_weight(p["wgt"].clone(), p["wscales"].clone(), lora_up=p["lora_up"],
@@ -78,7 +75,7 @@ def main(argv=None) -> int:
                       f"gemm x cuBLAS {dense / t_g:5.2f}  err {rel:.1e}", flush=True)
                 del ws, q, outs
             rows.append(row)
-            del xs, wd
+            del xs
             torch.cuda.empty_cache()
     if a.json:
         with open(a.json, "w") as f:
