@@ -53,7 +53,7 @@ def _cfg_of(knobs: dict) -> _Cfg:
 
 def k_unroll(cfg: _Cfg) -> int:
     """k-tiles per unrolled step of the main loop: two (the fragment double buffer), or the weight sets."""
-    return max(2, cfg.wsets)
+    return max(2, cfg.wsets, cfg.prefetch if is_ws(cfg) and cfg.act_source == "nvfp4" else 1)
 
 
 def _lora_chunk(rank: int) -> int:
@@ -177,6 +177,9 @@ def _gemv_problem(cfg: _Cfg) -> Optional[str]:
         return (f"schedule gemv with tile {cfg.tile_m}x{cfg.tile_n}: its tiles are {tiles} (warps of 16 weight rows; "
                 f"tile_m 64 skips the n8 blocks of rows >= M, tile_m 16 keeps 8 phases of activations resident)")
     lay = gemv_layout(cfg)
+    if cfg.prefetch > 2:
+        return (f"schedule gemv with prefetch {cfg.prefetch}: the gemv loop reads and decodes one or two k-tiles of "
+                f"weight words per ring wait (prefetch 1 or 2)")
     if lay.tile_m == 16 and cfg.prefetch != 1:
         return (f"schedule gemv with tile_m 16 and prefetch {cfg.prefetch}: the resident-chunk loop reads and decodes "
                 f"one k-tile per ring wait (prefetch 1)")
@@ -202,6 +205,10 @@ def _problem(cfg: _Cfg) -> Optional[str]:
     if cfg.wsets != 2 and not is_ws(cfg):
         return (f"wsets {cfg.wsets} with schedule {cfg.schedule}: the weight register sets are the MMA warps' of "
                 f"a warp-specialised schedule (coop loads weights one k-tile ahead with its activations)")
+    if cfg.prefetch > 2 and (not is_ws(cfg) or cfg.act_source != "nvfp4"):
+        return (f"prefetch {cfg.prefetch} with schedule {cfg.schedule} and act_source {cfg.act_source}: more than two "
+                f"raw activation register sets belong to the producer warpgroup of a warp-specialised schedule that "
+                f"decodes NVFP4 activations (coop holds them in every thread; an images producer loads none)")
     if cfg.act_source == "images" and not is_ws(cfg):
         return (f"act_source images with schedule {cfg.schedule}: the bulk copies of the stage images are issued "
                 f"by the producer warpgroup of a warp-specialised schedule (ws, ws_splitk2, ws_splitk4)")

@@ -424,8 +424,9 @@ class _Sm90Wgmma:
                 g0 = (tile - t0) // tstep * nk
                 for t in cutlass.range_constexpr(P):
                     self._load_act(mActW, mAscH, rows_ld, kcs, kw, _k(kabs, t), raw[t], rsc[t])
-                for kt2 in cutlass.range(0, nk, 2, unroll=1):
-                    for half in cutlass.range_constexpr(2):
+                UP = max(2, P)                      # k-tiles per unrolled producer step (a multiple of P)
+                for kt2 in cutlass.range(0, nk, UP, unroll=1):
+                    for half in cutlass.range_constexpr(UP):
                         kt = kt2 + half
                         rs = half % P               # the register set holding k-tile kt
                         g = g0 + kt

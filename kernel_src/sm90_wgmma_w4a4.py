@@ -39,7 +39,7 @@ TUNING: dict[str, tuple] = dict(
     stages=(3, 4),          # activation SMEM stages
     # k-tiles of raw bytes in flight in registers: 1 = loaded one k-tile ahead (the measured kernel);
     # 2 = two register sets, loaded two k-tiles ahead (more latency cover, 11-16 more registers)
-    prefetch=(1, 2),
+    prefetch=(1, 2, 4),
     # True: activation rows >= m are neither decoded nor stored (they only feed accumulator columns that
     # are never written; the default: 5-10 % faster at M <= 64, the same from M = 256 on, H200);
     # False: decoded with a zero scale
@@ -59,7 +59,7 @@ TUNING: dict[str, tuple] = dict(
     # ws*: raw weight register sets of the MMA warps, each loaded that many k-tiles before it is decoded (2:
     # the measured default; 4: 12 more registers, for small M, where a CTA's k-tile is shorter than the
     # weight load's latency over two k-tiles)
-    wsets=(2, 4),
+    wsets=(2, 4, 8),
     # ws*: what the op's `act` pointer holds.  "nvfp4": the NVFP4 activations (act / ascales), decoded by the
     # producer warpgroup into the stages.  "images": the exact fp16 stage images the decode_act pass wrote
     # (its format: svdq_loader.ops.decode_act); one producer thread bulk-copies each k-tile's rows into its
