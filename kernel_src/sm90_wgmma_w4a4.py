@@ -101,6 +101,13 @@ FEATURE_VALUES: dict[str, tuple] = dict(
 _FILL = {"fill": {"tile": ["tile_m", "tile_n", "tile_k"], "ctas_per_sm": 1,
                   "factor": [{"knob": "tile_m", "values": [[64, 1.66], [208, 0.86], [224, 0.86], [256, 0.86]]},
                              {"knob": "act_source", "values": [["images", 0.76]]},
+                             # the images form saves less on a low tile, where the producer's decode is a smaller
+                             # share of a k-step: measured images / nvfp4 time at the same tile 0.90-0.93 at 64 rows
+                             # (M = 64, unsplit, session 17) and 0.81-1.00, median 0.88, at 128 rows (M = 256,
+                             # session 7), so 0.76 x these.  Without it the estimate took the unsplit 64-row images
+                             # tile over the 4-way split at N = 3072, where it is 1.8x slower
+                             {"knob": ["tile_m", "act_source"], "values": [[[64, "images"], 1.18],
+                                                                         [[128, "images"], 1.16]]},
                              # the estimate has no model of gemv's launch-time split: a factor that keeps the
                              # estimate from ever preferring it over a wgmma form (above M = 16 it lost, session 9)
                              {"knob": "schedule", "values": [["gemv", 100.0]]}],

@@ -21,7 +21,10 @@ over knobs: per M bucket an ordered list of preferences, each over one knob::
               "split": {"knob": "schedule", "values": [["ws_splitk2", 2, 7], ["ws_splitk4", 4, 11]]}}}
 
   estimated cost = waves x (k-steps per CTA x tile area / 128^2 x factor + overhead), where ``factor`` may
-  also be a list of such tables (the variant's factor is then the product of its value in each), a variant
+  also be a list of such tables (the variant's factor is then the product of its value in each; a table over
+  several knobs, ``{"knob": ["tile_m", "act_source"], "values": [[[64, "images"], 1.18]]}``, matches a variant
+  whose knobs equal all of a row's values: an interaction of two knobs that no product of one-knob tables
+  states), a variant
   whose split knob has value v splits K over S CTAs (S = 1 when v is not listed) at an extra ``overhead``
   (in 128 x 128 k-steps), CTAs = ceil(M / tile_m) x ceil(N / tile_n) x S and waves = ceil(CTAs / (SMs x
   ctas_per_sm)).  Smaller is preferred; the family documents the measurements behind its constants.
@@ -125,14 +128,15 @@ class Fill:
     tile: tuple[str, str, str]                       # knob names of the tile's M, N and K extents
     ctas_per_sm: int = 1
     #: ((knob, ((knob value, work factor), ...)), ...): a variant's factor is the product over the tables of
-    #: its knob value's factor (unlisted values: 1.0)
-    factor_tables: tuple[tuple[str, tuple[tuple[Any, float], ...]], ...] = ()
+    #: its knob value's factor (unlisted values: 1.0).  `knob` may be a tuple of knob names, its values then
+    #: tuples of as many values (a row matches when every knob equals its value)
+    factor_tables: tuple[tuple[Any, tuple[tuple[Any, float], ...]], ...] = ()
     split_knob: str | None = None
     splits: tuple[tuple[Any, int, float], ...] = ()  # (knob value, CTAs per tile along K, overhead)
 
     @property
     def knobs(self) -> tuple[str, ...]:
-        names = tuple(self.tile) + tuple(k for k, _ in self.factor_tables) + \
+        names = tuple(self.tile) + tuple(n for k, _ in self.factor_tables for n in _names(k)) + \
             ((self.split_knob,) if self.split_knob is not None else ())
         return tuple(dict.fromkeys(names))
 
@@ -149,7 +153,7 @@ class Fill:
         s, over = self._split(knobs)
         f = 1.0
         for knob, rows in self.factor_tables:
-            f *= next((w for value, w in rows if knobs.get(knob) == value), 1.0)
+            f *= next((w for value, w in rows if _matches(knobs, knob, value)), 1.0)
         ctas = -(-m // tm) * -(-n // tn) * s
         waves = -(-ctas // (max(1, sm_count) * self.ctas_per_sm))
         per_cta = -(-k // (s * tk)) * tm * tn / _UNIT_AREA * f + over
@@ -174,7 +178,9 @@ class Fill:
 
     def to_dict(self) -> dict:
         d: dict = {"tile": list(self.tile), "ctas_per_sm": self.ctas_per_sm}
-        tables = [{"knob": k, "values": [list(x) for x in rows]} for k, rows in self.factor_tables]
+        tables = [{"knob": list(k) if isinstance(k, tuple) else k,
+                   "values": [[list(v) if isinstance(v, tuple) else v, w] for v, w in rows]}
+                  for k, rows in self.factor_tables]
         if tables:
             d["factor"] = tables[0] if len(tables) == 1 else tables
         if self.split_knob is not None:
@@ -182,9 +188,22 @@ class Fill:
         return {"fill": d}
 
 
+def _names(knob) -> tuple[str, ...]:
+    """The knob names of a factor table's key: one name, or a tuple of them."""
+    return knob if isinstance(knob, tuple) else (knob,)
+
+
+def _matches(knobs: Mapping[str, Any], knob, value) -> bool:
+    """Whether a variant's knobs equal a factor row's value (over every knob of a multi-knob table)."""
+    if isinstance(knob, tuple):
+        return all(knobs.get(k) == v for k, v in zip(knob, value))
+    return knobs.get(knob) == value
+
+
 def _parse_fill(raw: Any, path: str, knobs: Sequence[str] | None, fail) -> Fill:
     want = "expected {tile: [m knob, n knob, k knob], ctas_per_sm: int >= 1, factor?: {knob, values: " \
-           "[[value, number > 0], ...]} or a list of them, split?: {knob, values: [[value, int >= 2, number >= 0], ...]}}"
+           "[[value, number > 0], ...]} (or knob: [names], values: [[[one value per name], number > 0], ...]) or a " \
+           "list of them, split?: {knob, values: [[value, int >= 2, number >= 0], ...]}}"
     if not isinstance(raw, Mapping) or "tile" not in raw or set(raw) - {"tile", "ctas_per_sm", "factor", "split"}:
         fail(path, raw, want)
     tile, cps = raw["tile"], raw.get("ctas_per_sm", 1)
@@ -193,21 +212,29 @@ def _parse_fill(raw: Any, path: str, knobs: Sequence[str] | None, fail) -> Fill:
     if isinstance(cps, bool) or not isinstance(cps, int) or cps < 1:
         fail(f"{path}.ctas_per_sm", cps, "expected an integer >= 1")
 
-    def table(key, width, check, spec=None, where=None):
+    scalar = (bool, int, str)
+
+    def table(key, width, check, spec=None, where=None, multi=False):
         spec = raw.get(key) if spec is None else spec
         key = where or key
         if spec is None:
             return None, ()
-        if not isinstance(spec, Mapping) or set(spec) != {"knob", "values"} or not isinstance(spec["knob"], str) \
+        kn = spec.get("knob") if isinstance(spec, Mapping) else None
+        several = multi and isinstance(kn, (list, tuple))
+        if several and (len(kn) < 2 or not all(isinstance(x, str) for x in kn) or len(set(kn)) != len(kn)):
+            fail(f"{path}.{key}.knob", kn, "expected one knob name, or a list of two or more distinct knob names")
+        if not isinstance(spec, Mapping) or set(spec) != {"knob", "values"} or not (several or isinstance(kn, str)) \
                 or not isinstance(spec["values"], (list, tuple)) or not spec["values"]:
             fail(f"{path}.{key}", spec, want)
         rows = []
         for j, row in enumerate(spec["values"]):
-            if not isinstance(row, (list, tuple)) or len(row) != width or not isinstance(row[0], (bool, int, str)) \
-                    or not check(row[1:]):
+            ok_key = (isinstance(row[0], (list, tuple)) and len(row[0]) == len(kn)
+                      and all(isinstance(x, scalar) for x in row[0])) if several and isinstance(row, (list, tuple)) \
+                and row else (isinstance(row, (list, tuple)) and bool(row) and isinstance(row[0], scalar))
+            if not isinstance(row, (list, tuple)) or len(row) != width or not ok_key or not check(row[1:]):
                 fail(f"{path}.{key}.values[{j}]", row, want)
-            rows.append(tuple(row))
-        return spec["knob"], tuple(rows)
+            rows.append((tuple(row[0]),) + tuple(row[1:]) if several else tuple(row))
+        return (tuple(kn) if several else kn), tuple(rows)
 
     num = (int, float)
     ftabs = raw.get("factor")
@@ -217,7 +244,8 @@ def _parse_fill(raw: Any, path: str, knobs: Sequence[str] | None, fail) -> Fill:
     factor_tables = []
     for i, spec in enumerate(ftabs):
         fk, fv = table("factor", 2, lambda r: isinstance(r[0], num) and not isinstance(r[0], bool) and r[0] > 0,
-                       spec, "factor" if len(ftabs) == 1 and isinstance(raw["factor"], Mapping) else f"factor[{i}]")
+                       spec, "factor" if len(ftabs) == 1 and isinstance(raw["factor"], Mapping) else f"factor[{i}]",
+                       multi=True)
         factor_tables.append((fk, tuple((v, float(w)) for v, w in fv)))
     sk, sv = table("split", 3, lambda r: isinstance(r[0], int) and not isinstance(r[0], bool) and r[0] >= 2
                    and isinstance(r[1], num) and not isinstance(r[1], bool) and r[1] >= 0)

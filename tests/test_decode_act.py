@@ -50,18 +50,20 @@ def test_reference_images_follow_the_element_formula(m, k):
                                      (9728, 9856)])
 def test_image_rows_cover_whole_tiles_of_every_images_tile_height(m, rows):
     """Worked by hand: 4608 rows are 18 tiles of 256, 20.6 of 224 (21 x 224 = 4704 rows) and 22.2 of 208, so the
-    image needs 23 x 208 = 4784 rows, rounded to 64: 4800.  224 rows are one tile of 224 or 256 but two of 208."""
-    assert D.IMAGE_TILE_ROWS == (208, 224, 256)
+    image needs 23 x 208 = 4784 rows, rounded to 64: 4800.  224 rows are one tile of 224 or 256 but two of 208.  The
+    64- and 128-row tiles divide 256, so they never add rows: the same heights as with 208, 224 and 256 alone."""
+    assert D.IMAGE_TILE_ROWS == (64, 128, 208, 224, 256)
     assert D.image_rows(m) == rows
     for t in D.IMAGE_TILE_ROWS:
         assert -(-m // t) * t <= rows
+    assert rows == -(-max(-(-m // t) * t for t in (208, 224, 256)) // 64) * 64
 
 
 def test_image_rows_of_one_tile_are_one_contiguous_block():
     """The bulk copy of a stage: rows [m0, m0 + tile_m) of k-tile t are tile_m x 128 bytes from (t * rows + m0) * 128."""
     m = 1000
     for t in (0, 3):
-        for m0, tm in ((0, 256), (256, 128), (512, 256), (896, 224), (832, 208)):
+        for m0, tm in ((0, 256), (256, 128), (512, 256), (896, 224), (832, 208), (960, 64)):
             offs = sorted(D.image_offset(m, r, t * 64 + kk) for r in range(m0, m0 + tm) for kk in range(64))
             start = (t * D.image_rows(m) + m0) * 128
             assert offs == list(range(start, start + tm * 128, 2))

@@ -294,6 +294,33 @@ def test_fill_factor_tables_multiply_and_round_trip():
             ["tile_m", "tile_n", "tile_k", "src"])
 
 
+def test_fill_factor_over_two_knobs_matches_only_their_pair():
+    """A table over several knobs is an interaction term: its row applies only where every knob has its value."""
+    fill = {"tile": ["tile_m", "tile_n", "tile_k"], "ctas_per_sm": 1,
+            "factor": [{"knob": "src", "values": [["img", 0.8]]},
+                       {"knob": ["tile_m", "src"], "values": [[[64, "img"], 1.25]]}]}
+    raw = [{"m_max": None, "prefer": [{"fill": fill}]}]
+    names = ["tile_m", "tile_n", "tile_k", "src"]
+    b = parse_buckets(raw, "t", names)
+    f = b[0].prefer[0]
+    assert [p.to_dict() for p in b[0].prefer] == raw[0]["prefer"] and f.knobs == ("tile_m", "tile_n", "tile_k", "src")
+    dims = dict(m=64, n=128, k=640)                      # one CTA, 10 k-steps
+    assert f.estimate(dict(tile_m=64, tile_n=128, tile_k=64, src="img"), dims, 132)["cost"] == 10 * 0.5 * 0.8 * 1.25
+    assert f.estimate(dict(tile_m=64, tile_n=128, tile_k=64, src="raw"), dims, 132)["cost"] == 10 * 0.5
+    assert f.estimate(dict(tile_m=128, tile_n=128, tile_k=64, src="img"), dims, 132)["cost"] == 10 * 0.8
+    bad = [({"knob": ["tile_m"], "values": [[[64], 1.0]]}, r"factor\[1\]\.knob"),               # one name in a list
+           ({"knob": ["tile_m", "tile_m"], "values": [[[64, 64], 1.0]]}, r"factor\[1\]\.knob"),  # repeated
+           ({"knob": ["tile_m", "src"], "values": [[64, 1.0]]}, r"factor\[1\]\.values\[0\]"),  # not a pair
+           ({"knob": ["tile_m", "src"], "values": [[[64], 1.0]]}, r"factor\[1\]\.values\[0\]"),  # wrong arity
+           ({"knob": ["tile_m", "src"], "values": [[[64, "img"], 0]]}, r"factor\[1\]\.values\[0\]")]
+    for spec, where in bad:
+        with pytest.raises(RuleError, match=where):
+            parse_buckets([{"m_max": None, "prefer": [{"fill": dict(fill, factor=[fill["factor"][0], spec])}]}], "t",
+                          names)
+    with pytest.raises(RuleError, match="not a knob of this family"):
+        parse_buckets(raw, "t", ["tile_m", "tile_n", "tile_k"])
+
+
 def test_fill_round_trips_and_refuses_malformed_specs():
     raw = [{"m_max": None, "prefer": [{"fill": {"tile": ["tile_m", "tile_n", "tile_k"], "ctas_per_sm": 2,
                                                 "split": {"knob": "schedule", "values": [["x", 2, 7]]}}},
@@ -408,3 +435,31 @@ def test_when_conditions_rank_only_inside_their_range_and_round_trip():
         with pytest.raises(RuleError, match=match):
             parse_buckets([{"m_max": None, "prefer": [{"knob": "tile_n", "values": [64], "when": when}]}], "t",
                           ["tile_n"])
+
+
+#: Session 17 (docs/PERF.md), M = 64, R = 32, bf16, µs: configs/flux.yaml's two 64-row forms (the images tile,
+#: unsplit, eight weight sets; the producer-decode tile over 4 CTAs, four activation sets) from one sweep, and the
+#: 128-row producer-decode forms from the same session's sweep of the previous build.  (K, N) -> µs per form.
+FORMS_S17 = (("ws", 64, 1, 8, "images"), ("ws_splitk4", 64, 4, 4, "nvfp4"), ("ws", 128, 2, 2, "nvfp4"),
+             ("ws_splitk2", 128, 2, 2, "nvfp4"), ("ws_splitk4", 128, 2, 2, "nvfp4"))
+MEASURED_S17_M64 = {
+    (3072, 3072): (22.0, 12.5, 30.1, 19.9, 16.1),
+    (3072, 9216): (22.5, 32.1, 30.2, 36.7, 42.6),
+    (3072, 12288): (22.8, 41.7, 30.3, 37.6, 55.5),
+    (3072, 21504): (42.5, 66.8, 59.2, 56.2, 88.9),
+    (12288, 3072): (71.2, 27.6, 107.5, 58.1, 35.1),
+    (15360, 3072): (88.1, 32.5, 132.6, 70.2, 41.0),
+}
+
+
+@pytest.mark.parametrize("kn", sorted(MEASURED_S17_M64))
+def test_sm90_rule_at_m64_takes_the_images_tile_only_where_it_is_fastest(sm90_rules, kn):
+    """The 64-row images tile at N >= 9216, the 4-way split at N = 3072: the (tile_m, act_source) interaction factor
+    (the images form saves less at 64 rows than at 256) keeps the unsplit images tile from looking cheaper than the
+    split there."""
+    k, n = kn
+    variants = [_variant(s, t, p, w, src, name=f"{s}_{t}_{src}") for s, t, p, w, src in FORMS_S17]
+    times = MEASURED_S17_M64[kn]
+    best = min(range(len(times)), key=lambda i: times[i])
+    chosen = select.choose(variants, _problem(64, n, k), sm90_rules, sm_count=132)
+    assert chosen.name == variants[best].name, select.explain(variants, sm90_rules, _problem(64, n, k)).text()

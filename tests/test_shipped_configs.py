@@ -24,8 +24,8 @@ def test_every_shipped_config_is_accepted_by_its_families(path):
 
 def test_flux_builds_the_measured_sm90_forms():
     """configs/flux.yaml's sm_90a GEMM forms: exactly the measured winners (ws and its two split-K forms at the
-    128-row tile, ws and its four-way split at the 64-row tile with four raw activation sets and eight / four weight
-    sets, ws reading decode_act's
+    128-row tile, at the 64-row tile ws reading decode_act's images with eight weight sets and the four-way split
+    decoding with four raw activation sets and four weight sets, ws reading decode_act's
     images at the 256-row one, unsplit and split over 4 CTAs, and unsplit at 224- and 208-row ones (fuller waves
     at N = 3072 and M = 1024; less padding at M = 1024 and 2048), and coop at 256 rows for rank 128, which the images
     forms do not fit, built for rank 128 only, and the gemv form's 16 x 128 and 16 x 64 tiles for M <= 16), for every feature
@@ -35,10 +35,12 @@ def test_flux_builds_the_measured_sm90_forms():
     gemm = [v for v in valid if v.op == "gemm_w4a4" and v.arch == "sm_90a"]
     forms = {(v.knob_dict["tile_m"], v.knob_dict["schedule"], v.knob_dict["prefetch"]) for v in gemm}
     assert forms == {(128, "ws", 2), (256, "ws", 1), (224, "ws", 1), (208, "ws", 1), (128, "ws_splitk2", 2), (128, "ws_splitk4", 2),
-                     (64, "ws", 4), (64, "ws_splitk4", 4), (256, "coop", 1), (256, "ws_splitk2", 1), (256, "ws_splitk4", 1),
+                     (64, "ws", 1), (64, "ws_splitk4", 4), (256, "coop", 1), (256, "ws_splitk2", 1), (256, "ws_splitk4", 1),
                      (16, "gemv", 1)}
     assert {v.knob_dict["tile_n"] for v in gemm if v.knob_dict["schedule"] == "gemv"} == {64, 128}
-    assert {v.knob_dict["tile_m"] for v in gemm if v.knob_dict["act_source"] == "images"} == {208, 224, 256}
+    assert {v.knob_dict["tile_m"] for v in gemm if v.knob_dict["act_source"] == "images"} == {64, 208, 224, 256}
+    assert {(v.knob_dict["schedule"], v.knob_dict["act_source"]) for v in gemm if v.knob_dict["tile_m"] == 64} == {
+        ("ws", "images"), ("ws_splitk4", "nvfp4")}
     assert {v.knob_dict["schedule"] for v in gemm if v.knob_dict["tile_m"] in (208, 224)} == {"ws"}
     assert [v.name for v in valid if v.op == "decode_act"] == ["svdq_decode_act_sm90a_reqk64"]
     assert {(v.knob_dict["schedule"], v.knob_dict["wsets"]) for v in gemm if v.knob_dict["tile_m"] == 64} == {

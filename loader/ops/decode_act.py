@@ -16,7 +16,8 @@ The image format (``images``; one home: `image_rows`, `image_bytes`,
   other 2^-7);
 * rows are padded with +0.0 to `image_rows(M)`: the smallest multiple of
   64 (one decode_act CTA) that covers whole tiles of every images tile
-  height (`IMAGE_TILE_ROWS`: 208, 224 and 256), so every tile's rows exist;
+  height (`IMAGE_TILE_ROWS`: 64, 128, 208, 224 and 256; the first two divide
+  256, so they never add rows), so every tile's rows exist;
 * k-tile major: the 64 k of k-tile t of row r are the 128 bytes at
   ``(t · image_rows(M) + r) · 128``, so the rows [m0, m0 + tile_m) of one
   k-tile are one contiguous block that one bulk copy moves into a stage;
@@ -33,8 +34,10 @@ from .spec import Feature, OpSpec, distinct_k_coverage, m_k_shape_rule
 #: The activation tile heights (tile_m) an images GEMM form may have: the image covers whole tiles of each.
 #: 224 exists for the wave count: at M = 4608, N = 3072 its 504 tiles are 3.8 waves on 132 SMs, where 256 rows
 #: give 432 tiles, 3.3 waves (a last wave with 96 of 132 SMs idle).  208 for M = 1024 and 2048: as many row tiles
-#: as 224 (five at M = 1024), each with 7 % less work, where the call is a whole number of tile times.
-IMAGE_TILE_ROWS = (208, 224, 256)
+#: as 224 (five at M = 1024), each with 7 % less work, where the call is a whole number of tile times.  64 and 128
+#: for small M (session 17: the 64-row tile 7-10 % faster reading the image at M = 64, N >= 9216, than decoding the
+#: same activations in each CTA); both divide 256, so they change no image's height.
+IMAGE_TILE_ROWS = (64, 128, 208, 224, 256)
 #: decode_act writes 64 image rows per CTA: the image's rows are a multiple of this.
 IMAGE_ROW_BLOCK = 64
 #: k per image row (one 128-byte fp16 row of a GEMM stage)
