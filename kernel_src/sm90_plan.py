@@ -52,7 +52,8 @@ def _cfg_of(knobs: dict) -> _Cfg:
 
 
 def k_unroll(cfg: _Cfg) -> int:
-    """k-tiles per unrolled step of the main loop: two (the fragment double buffer), or the weight sets."""
+    """k-tiles per unrolled step of the main loops: two (the fragment double buffer), or the deepest register
+    rotation, the MMA warps' weight sets or the producer's raw activation sets (a producer that decodes NVFP4)."""
     return max(2, cfg.wsets, cfg.prefetch if is_ws(cfg) and cfg.act_source == "nvfp4" else 1)
 
 

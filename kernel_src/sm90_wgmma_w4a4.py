@@ -38,7 +38,9 @@ TUNING: dict[str, tuple] = dict(
     tile_k=(64,),           # k per pipeline step (one 128-byte swizzle row of fp16)
     stages=(3, 4),          # activation SMEM stages
     # k-tiles of raw bytes in flight in registers: 1 = loaded one k-tile ahead (the measured kernel);
-    # 2 = two register sets, loaded two k-tiles ahead (more latency cover, 11-16 more registers)
+    # 2 = two register sets, loaded two k-tiles ahead (more latency cover, 11-16 more registers); 4 = four sets
+    # (the ws producer that decodes NVFP4 only, its loop unrolled by four; 1-4 % faster at the 64-row tile's
+    # 4-way split, session 17)
     prefetch=(1, 2, 4),
     # True: activation rows >= m are neither decoded nor stored (they only feed accumulator columns that
     # are never written; the default: 5-10 % faster at M <= 64, the same from M = 256 on, H200);
@@ -58,7 +60,7 @@ TUNING: dict[str, tuple] = dict(
     schedule=("coop", "ws", "ws_splitk2", "ws_splitk4", "gemv"),
     # ws*: raw weight register sets of the MMA warps, each loaded that many k-tiles before it is decoded (2:
     # the measured default; 4: 12 more registers, for small M, where a CTA's k-tile is shorter than the
-    # weight load's latency over two k-tiles)
+    # weight load's latency over two k-tiles; 8: the 64-row tile, 1-4 % faster than 4 at M = 64, session 17)
     wsets=(2, 4, 8),
     # ws*: what the op's `act` pointer holds.  "nvfp4": the NVFP4 activations (act / ascales), decoded by the
     # producer warpgroup into the stages.  "images": the exact fp16 stage images the decode_act pass wrote

@@ -226,12 +226,16 @@ def _parse_fill(raw: Any, path: str, knobs: Sequence[str] | None, fail) -> Fill:
         if not isinstance(spec, Mapping) or set(spec) != {"knob", "values"} or not (several or isinstance(kn, str)) \
                 or not isinstance(spec["values"], (list, tuple)) or not spec["values"]:
             fail(f"{path}.{key}", spec, want)
+        def key_ok(value) -> bool:
+            """A row's key: one scalar, or (a multi-knob table) a list of one scalar per knob."""
+            if several:
+                return isinstance(value, (list, tuple)) and len(value) == len(kn) and \
+                    all(isinstance(x, scalar) for x in value)
+            return isinstance(value, scalar)
+
         rows = []
         for j, row in enumerate(spec["values"]):
-            ok_key = (isinstance(row[0], (list, tuple)) and len(row[0]) == len(kn)
-                      and all(isinstance(x, scalar) for x in row[0])) if several and isinstance(row, (list, tuple)) \
-                and row else (isinstance(row, (list, tuple)) and bool(row) and isinstance(row[0], scalar))
-            if not isinstance(row, (list, tuple)) or len(row) != width or not ok_key or not check(row[1:]):
+            if not isinstance(row, (list, tuple)) or len(row) != width or not key_ok(row[0]) or not check(row[1:]):
                 fail(f"{path}.{key}.values[{j}]", row, want)
             rows.append((tuple(row[0]),) + tuple(row[1:]) if several else tuple(row))
         return (tuple(kn) if several else kn), tuple(rows)
