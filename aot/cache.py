@@ -182,8 +182,9 @@ def variant_key(variant: Any, family: Any) -> str:
         "svdq_aot": __version__, "dsl": dsl_version(),
         "python": f"{sys.implementation.name}-{platform.python_version()}",
     }
-    if kernel_switches():
-        doc["kernel_switches"] = kernel_switches()
+    switches = kernel_switches()
+    if switches:
+        doc["kernel_switches"] = switches
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
@@ -316,8 +317,9 @@ def build_fingerprint(config_path: str | os.PathLike, shard: tuple[int, int] | N
             "families": sources, "svdq_aot": __version__, "dsl": dsl_version(),
             "python": f"{sys.implementation.name}-{platform.python_version()}",
         }
-        if kernel_switches():
-            doc["kernel_switches"] = kernel_switches()
+        switches = kernel_switches()
+        if switches:
+            doc["kernel_switches"] = switches
     except (OSError, ImportError, ValueError, AttributeError):
         return None
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()

@@ -53,8 +53,9 @@ def _cfg_of(knobs: dict) -> _Cfg:
 
 def k_unroll(cfg: _Cfg) -> int:
     """k-tiles per unrolled step of the main loops: two (the fragment double buffer), or the deepest register
-    rotation, the MMA warps' weight sets or the producer's raw activation sets (a producer that decodes NVFP4)."""
-    return max(2, cfg.wsets, cfg.prefetch if is_ws(cfg) and cfg.act_source == "nvfp4" else 1)
+    rotation, the MMA warps' weight sets or the producer's raw activation sets (more than two only in a ws
+    producer that decodes NVFP4: `_problem`)."""
+    return max(2, cfg.wsets, cfg.prefetch)
 
 
 def _lora_chunk(rank: int) -> int:

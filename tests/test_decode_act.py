@@ -52,7 +52,7 @@ def test_image_rows_cover_whole_tiles_of_every_images_tile_height(m, rows):
     """Worked by hand: 4608 rows are 18 tiles of 256, 20.6 of 224 (21 x 224 = 4704 rows) and 22.2 of 208, so the
     image needs 23 x 208 = 4784 rows, rounded to 64: 4800.  224 rows are one tile of 224 or 256 but two of 208.  The
     64- and 128-row tiles divide 256, so they never add rows: the same heights as with 208, 224 and 256 alone."""
-    assert D.IMAGE_TILE_ROWS == (64, 128, 208, 224, 256)
+    assert D.IMAGE_TILE_ROWS == (64, 128, 208, 224, 256) and D.IMAGE_COVER_ROWS == (208, 224, 256)
     assert D.image_rows(m) == rows
     for t in D.IMAGE_TILE_ROWS:
         assert -(-m // t) * t <= rows

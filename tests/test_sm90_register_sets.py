@@ -9,7 +9,6 @@ import pytest
 
 pytest.importorskip("cutlass")
 
-from svdq_kernels import sm90_plan as plan               # noqa: E402
 from svdq_kernels import sm90_wgmma_w4a4 as sm90         # noqa: E402
 
 ARCH = "sm_90a"
@@ -23,11 +22,11 @@ def knobs(**kw):
     return k
 
 
-def replay_producer(P: int, nk: int) -> list[int]:
+def replay_producer(P: int, nk: int, unroll: int | None = None) -> list[int]:
     """The k-tile each producer step finds in the register set it decodes from, with the kernel's expressions: sets
-    0 .. P-1 start with k-tiles 0 .. P-1; the loop walks nk in steps of UP = max(2, P); step `half` of a pass reads
-    set half % P, then reloads it with k-tile min(kt + P, nk - 1)."""
-    UP = max(2, P)
+    0 .. P-1 start with k-tiles 0 .. P-1; the loop walks nk in steps of UP = max(2, P) (or `unroll`); step `half` of
+    a pass reads set half % P, then reloads it with k-tile min(kt + P, nk - 1)."""
+    UP = max(2, P) if unroll is None else unroll
     sets = list(range(P))
     seen = []
     for kt2 in range(0, nk, UP):
@@ -48,17 +47,9 @@ def test_each_producer_step_decodes_its_own_k_tile(P, nk):
 
 
 def test_the_replay_catches_a_rotation_that_does_not_divide_the_unroll():
-    """Three sets in a loop unrolled by three but read as if by two: some step would decode another k-tile (the
-    reason the kernel unrolls by max(2, prefetch) and the knob allows 1, 2 and 4 only)."""
-    def wrong(P, nk):
-        sets, seen = list(range(P)), []
-        for kt2 in range(0, nk, 2):
-            for half in range(2):
-                kt = kt2 + half
-                seen.append(sets[half % P])
-                sets[half % P] = min(kt + P, nk - 1)
-        return seen
-    assert wrong(3, 12) != list(range(12))
+    """Three sets in a loop unrolled by two: some step would decode another k-tile (the reason the kernel unrolls by
+    max(2, prefetch) and the knob allows 1, 2 and 4 only)."""
+    assert replay_producer(3, 12, unroll=2) != list(range(12))
     assert sm90.invalid_reason(ARCH, knobs(prefetch=3)) is not None
 
 
@@ -81,7 +72,3 @@ def test_four_activation_sets_only_where_a_producer_decodes_nvfp4(kw, words):
     why = sm90.invalid_reason(ARCH, knobs(**kw))
     assert why is not None and "prefetch 4" in why and words in why, why
 
-
-def test_images_forms_ignore_prefetch_in_their_k_rule():
-    """An images producer holds no raw sets: its K multiple is set by the weight sets alone."""
-    assert plan.k_unroll(plan._cfg_of(knobs(tile_m=256, act_source="images", prefetch=1, wsets=2))) == 2

@@ -84,9 +84,8 @@ def main(argv=None) -> int:
                 args[gop.STREAM_INDEX] = stream
                 argv_.append(args)
             for e in cands:
-                req = e.requirements or {}
-                if n % e.knobs["tile_n"] or k % req.get("k_multiple", 1) or n % req.get("n_multiple", 1):
-                    continue                # the variant's shape rule excludes this (K, N)
+                if gop.SPEC.shape_problem(e.requirements, dict(m=m, n=n, k=k), e.knobs):
+                    continue                # the op's shape rule excludes this (K, N) for the variant
                 ln = lib._launcher(e.name, 0, False)
                 outs[0].fill_(float("nan"))
                 ln.launch(argv_[0])

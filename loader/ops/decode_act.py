@@ -38,6 +38,9 @@ from .spec import Feature, OpSpec, distinct_k_coverage, m_k_shape_rule
 #: for small M (session 17: the 64-row tile 7-10 % faster reading the image at M = 64, N >= 9216, than decoding the
 #: same activations in each CTA); both divide 256, so they change no image's height.
 IMAGE_TILE_ROWS = (64, 128, 208, 224, 256)
+#: The heights that set an image's rows: a height that divides another one is covered whenever that one is, so the
+#: rule (and the per-call arithmetic, the decode_act launch and the kernels' row count) skips it: 208, 224, 256.
+IMAGE_COVER_ROWS = tuple(t for t in IMAGE_TILE_ROWS if not any(u != t and u % t == 0 for u in IMAGE_TILE_ROWS))
 #: decode_act writes 64 image rows per CTA: the image's rows are a multiple of this.
 IMAGE_ROW_BLOCK = 64
 #: k per image row (one 128-byte fp16 row of a GEMM stage)
@@ -55,8 +58,8 @@ def image_rows_by(m, round_up, maximum):
     """The image_rows rule over any integer arithmetic: `round_up(x, t)` is x rounded up to a multiple of the
     constant t, `maximum(a, b)` the larger.  The one statement of the rule, evaluated on Python ints here, on DSL
     integers by the kernels and as launch-recipe expressions by decode_act's recipe hint."""
-    cover = round_up(m, IMAGE_TILE_ROWS[0])
-    for t in IMAGE_TILE_ROWS[1:]:
+    cover = round_up(m, IMAGE_COVER_ROWS[0])
+    for t in IMAGE_COVER_ROWS[1:]:
         cover = maximum(cover, round_up(m, t))
     return round_up(cover, IMAGE_ROW_BLOCK)
 
@@ -146,6 +149,6 @@ class ImagesLauncher:
         del ws
 
 
-__all__ = ["SPEC", "IMAGE_BYTES_LIMIT", "IMAGE_ROW_BLOCK", "IMAGE_TILE_ROWS", "IMAGE_K", "IMAGE_SCALE_LOG2", "image_rows", "image_rows_by",
+__all__ = ["SPEC", "IMAGE_BYTES_LIMIT", "IMAGE_COVER_ROWS", "IMAGE_ROW_BLOCK", "IMAGE_TILE_ROWS", "IMAGE_K", "IMAGE_SCALE_LOG2", "image_rows", "image_rows_by",
            "image_bytes",
            "image_size_problem", "image_offset", "ImagesLauncher"]
