@@ -528,7 +528,7 @@ __all__ = ["derive_recipe", "format_expr"]
 #: m and n are bounded so that the largest grid (the 64-row GEMM tile split over four CTAs: 4 x m/64 x n/128
 #: CTAs) stays below 2^31 over the whole box.
 DIM_LIMITS = {"m": (1, 1 << 22), "n": (1, 1 << 18), "k": (1, 1 << 20)}
-SCALAR_LIMITS = {"sm_count": (1, 4096), "use_smooth": (0, 1), "ksplit": (1, 8)}
+SCALAR_LIMITS = {"sm_count": (1, 4096), "use_smooth": (0, 1), "ksplit": (1, 8), "ctas": (1, 1 << 20)}
 
 
 def _dim_box(spec, requirements):

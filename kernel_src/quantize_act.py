@@ -14,20 +14,26 @@ Work decomposition
   ``[16t, 16t + 16)`` of the step: each of its groups is two 16-byte loads of
   x, one 8-byte store of codes, one scale byte (four lanes write four
   consecutive scale bytes, in both layouts).
-* A CTA has ``warps`` warps on the same ``16 * mtiles`` rows, and a cluster
-  of ``ksplit`` CTAs (a launch value: host argument ``ksplit``, read in the
-  kernel from ``%cluster_nctarank``) works on one row tile.  Warp w of
-  cluster rank r is virtual warp v = r * warps + w of warps * ksplit; the
-  virtual warps split the K steps round-robin (v does steps v, v + warps *
-  ksplit, ...).  Codes and scales need no reduction; the LoRA partial sums
-  are added inside each CTA (SMEM), then rank 0 adds the other ranks' sums
-  through distributed SMEM (``mapa`` + ``ld.shared::cluster``, between two
-  cluster barriers; none when ksplit = 1) and stores them.  grid =
-  ceil(rows / (16 * mtiles)) * ksplit, rows = M (``logical``) or M rounded
-  up to 128 (``blocked``: the pad rows get scale 0).  The loader picks
-  ksplit (``svdq_loader.ops.quantize_act.ksplit_for``): more and smaller work
-  units than the 16-row tiles where M gives few tiles per SM, or where the
-  tiles do not balance over the SMs.
+* A CTA has ``warps`` warps on the same ``16 * mtiles`` rows.  A launch covers U = tiles * (K / 64) units (one
+  row tile, one step) in one of two forms, picked per call by the loader
+  (``svdq_loader.ops.quantize_act.schedule``; docs/design.md section 4.3):
+  - **cluster form** (host argument ``ksplit`` > 1, read in the kernel from ``%cluster_nctarank``; grid =
+    ``ctas`` = tiles * ksplit): a cluster of ksplit CTAs works on one row tile.  Warp w of cluster rank r is
+    virtual warp v = r * warps + w of warps * ksplit; the virtual warps split the K steps round-robin (v does
+    steps v, v + warps * ksplit, ...).  The LoRA partial sums are added inside each CTA (SMEM), then rank 0
+    adds the other ranks' sums through distributed SMEM (``mapa`` + ``ld.shared::cluster``, between two
+    cluster barriers) and stores them.
+  - **range form** (ksplit 1, grid = ``ctas`` = G >= tiles, read from ``%nctaid.x``): CTA b takes the units
+    [b U / G, (b + 1) U / G) (``range_start``), at most two tiles (the kernel traps on more), each tile's part
+    worked as above by the CTA's warps round robin.  A whole tile is stored directly (G = tiles is the old
+    one-CTA-per-tile launch).  The LoRA sums of a tile split over CTAs meet in the ``workspace``: each CTA
+    writes its sums to its slot (``2 b`` for its range's first tile, ``2 b + 1`` for its last, after
+    ``workspace_counter_bytes(G)`` of counter words), then one thread fences at GPU scope and counts an
+    arrival on the tile's counter (its first CTA's word, ``cta_of_unit``) with a compare-and-swap; the last
+    arrival adds the slots in CTA order, stores the rows and writes the counter back to 0.  The workspace
+    needs no zeroing: a word counts as zero unless its top 48 bits are ``_ARRIVE_KEY``.
+  Codes and scales need no reduction in either form.  rows = M (``logical``) or M rounded up to 128
+  (``blocked``: the pad rows get scale 0).
 * **x in flight.** Each lane loads its own x chunks (and its smooth pair) of
   its warp's next step into registers (``ld.global.nc``, 16 bytes, allocating
   in L1) while it works on the current one.  Each group's code work and
@@ -78,14 +84,16 @@ bit.  No fp32 ``.ftz`` and no approximate fp32 division anywhere (the tests
 grep the PTX), no division subroutine calls (they spilled registers).
 
 Launch ABI: host function ``(x, smooth, lora_down, act, ascales, lora_act_in,
-m, k, use_smooth, ksplit, stream)``; kernel params: the 6 pointers then m, k,
-use_smooth (i32).  block = (32 * warps, 1, 1), dynamic SMEM ``smem_bytes``,
+workspace, m, k, use_smooth, ksplit, ctas, stream)``; kernel params: the 7 pointers then m, k,
+use_smooth (i32).  grid = (ctas, 1, 1), block = (32 * warps, 1, 1), dynamic SMEM ``smem_bytes``,
 cluster (ksplit, 1, 1), programmatic dependent launch (PDL: ``griddepcontrol.wait`` before any
 global access, then ``launch_dependents``; docs/design.md section 6).  Preconditions (the loader checks them): pointers 16-byte
 aligned, contiguous row-major tensors, m >= 1, k % 64 == 0, M*K < 2^31,
-1 <= ksplit <= 8 (any value is correct; more CTAs than steps leave warps idle).
+1 <= ksplit <= 8 (any value is correct; more CTAs than steps leave warps idle), ctas = tiles * ksplit
+where ksplit > 1 and tiles <= ctas otherwise; with LoRA and ctas > tiles, ``workspace`` holds
+``workspace_bytes(ctas, 16 * mtiles, R)`` bytes, 8-byte aligned, used by no other launch at the same time.
 Pointers of disabled features (smooth when use_smooth == 0, LoRA when
-rank == 0) may be 0 and are never dereferenced.
+rank == 0, the workspace when no tile is split) may be 0 and are never dereferenced.
 """
 from __future__ import annotations
 
@@ -100,6 +108,8 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float16, Float32, Int32, Int64, Uint8
 from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm
+
+from svdq_loader.ops.quantize_act import cta_of_unit, range_start, workspace_counter_bytes
 
 from .compiled_output import compile_kernel, cubin_resource_usage, refuse_invalid
 
@@ -521,6 +531,49 @@ def _ld_cluster_v2f(saddr, rank):
                 (Float32,) * 2, [saddr, rank], "=f,=f,r,r", True)
 
 
+#: The workspace's counter words (`workspace_counter_bytes`: a split tile's counter is its first CTA's) hold
+#: ``_ARRIVE_KEY | arrivals``.  A word whose top 48 bits are not the key counts as 0: the workspace needs no
+#: zeroing (the loader takes it from torch's allocator per call) and the last arrival writes 0 back.
+_ARRIVE_KEY = 0x5D0AC7E1B24F << 16
+
+
+def _arrive(addr):
+    """Count one arrival on the counter at `addr` (see _ARRIVE_KEY); returns the arrivals so far, this one
+    included.  A compare-and-swap loop, acq_rel at GPU scope: the caller fences (GPU scope) after a CTA barrier
+    over its slot writes, and the last arrival's CTA reads the other slots after it."""
+    key = f"{_ARRIVE_KEY:#018x}"
+    return _asm("{\n.reg .pred p;\n.reg .b64 cur, old, nw, hi;\n"
+                "ld.relaxed.gpu.global.b64 cur, [$1];\n"
+                "ARRIVE_${:uid}:\n"
+                "and.b64 hi, cur, 0xFFFFFFFFFFFF0000;\n"
+                f"setp.eq.b64 p, hi, {key};\n"
+                f"selp.b64 nw, cur, {key}, p;\n"
+                "add.u64 nw, nw, 1;\n"
+                "atom.acq_rel.gpu.global.cas.b64 old, [$1], cur, nw;\n"
+                "setp.ne.b64 p, old, cur;\n"
+                "mov.b64 cur, old;\n"
+                "@p bra ARRIVE_${:uid};\n"
+                "cvt.u32.u64 $0, nw;\n"
+                "and.b32 $0, $0, 0xFFFF;\n}", (Int32,), [addr], "=r,l", True)
+
+
+def _fence_gpu():
+    _asm("fence.acq_rel.gpu;", (), [], "")
+
+
+def _st_v2f_pred(addr, a, b, pred):
+    _asm("{\n.reg .pred p;\nsetp.ne.u32 p, $3, 0;\n@p st.global.v2.f32 [$0], {$1, $2};\n}", (),
+         [addr, a, b, pred], "l,f,f,r")
+
+
+def _ld_relaxed_v2f(addr):
+    return _asm("ld.relaxed.gpu.global.v2.f32 {$0, $1}, [$2];", (Float32,) * 2, [addr], "=f,=f,l", True)
+
+
+def _st_u64(addr, v):
+    _asm("st.relaxed.gpu.global.u64 [$0], $1;", (), [addr, v], "l,l")
+
+
 def _lds_v2f(saddr):
     return _asm("ld.shared.v2.f32 {$0, $1}, [$2];", (Float32,) * 2, [saddr], "=f,=f,r", True)
 
@@ -558,26 +611,24 @@ class _QuantizeAct:
         self.xstage = _x_stage_bytes(cfg)
         self.smem_bytes = _smem_bytes(cfg)
         # ".minnctapersm 1" lifts ptxas' own register target (without it ptxas spilled a few values at
-        # 96 / 128 registers in some variants); at ranks 96 and 128 the budget is already near 255 and the
-        # hint made it spill more, so it is left off there -- except rank 128 on sm_120a / sm_121a, where
-        # without it ptxas stops at 168 registers and a 16-byte stack frame (with it: 194, no stack).
-        self.min_ctas = 1 if cfg.rank < 96 or (cfg.rank == 128 and arch in ("sm_120a", "sm_121a")) else 0
+        # 96 / 128 registers in some variants); from rank 64 up it is left off: at 96 and 128 the budget is
+        # already near 255 and the hint made it spill more, and at 64 it took 172 registers where 165 keep
+        # three CTAs per SM (sm_90a) -- except rank 128 on sm_120a / sm_121a, where without it ptxas stops
+        # at 168 registers and a 16-byte stack frame (with it: 194, no stack).
+        self.min_ctas = 1 if cfg.rank < 64 or (cfg.rank == 128 and arch in ("sm_120a", "sm_121a")) else 0
 
     @cute.jit
     def __call__(self, x: cute.Pointer, smooth: cute.Pointer, lora_down: cute.Pointer, act: cute.Pointer,
-                 ascales: cute.Pointer, lora_act_in: cute.Pointer, m: Int32, k: Int32, use_smooth: Int32,
-                 ksplit: Int32, stream: cuda.CUstream):
-        rows = m
-        if cutlass.const_expr(self.blocked):
-            rows = (m + 127) // 128 * 128
-        grid = (rows + (self.rows_cta - 1)) // self.rows_cta
-        self.kernel(x, smooth, lora_down, act, ascales, lora_act_in, m, k, use_smooth).launch(
-            grid=[grid * ksplit, 1, 1], block=[32 * self.W, 1, 1], cluster=[ksplit, 1, 1], smem=self.smem_bytes,
+                 ascales: cute.Pointer, lora_act_in: cute.Pointer, workspace: cute.Pointer, m: Int32, k: Int32,
+                 use_smooth: Int32, ksplit: Int32, ctas: Int32, stream: cuda.CUstream):
+        self.kernel(x, smooth, lora_down, act, ascales, lora_act_in, workspace, m, k, use_smooth).launch(
+            grid=[ctas, 1, 1], block=[32 * self.W, 1, 1], cluster=[ksplit, 1, 1], smem=self.smem_bytes,
             stream=stream, min_blocks_per_mp=self.min_ctas, use_pdl=True)
 
     @cute.kernel
     def kernel(self, x: cute.Pointer, smooth: cute.Pointer, lora_down: cute.Pointer, act: cute.Pointer,
-               ascales: cute.Pointer, lora_act_in: cute.Pointer, m: Int32, k: Int32, use_smooth: Int32):
+               ascales: cute.Pointer, lora_act_in: cute.Pointer, workspace: cute.Pointer, m: Int32, k: Int32,
+               use_smooth: Int32):
         W, MT, R, dt, P = self.W, self.MT, self.R, self.dt, self.P
         NG = 2 * MT                     # groups (rows) per lane per step
         cute.arch.griddepcontrol_wait()             # PDL: the previous grid's writes (x) are visible from here on
@@ -586,160 +637,220 @@ class _QuantizeAct:
         cute.arch.griddepcontrol_launch_dependents()    # the GEMM may launch once every CTA of this grid runs
         tid, _, _ = cute.arch.thread_idx()
         bid, _, _ = cute.arch.block_idx()
+        G, _, _ = cute.arch.grid_dim()
         warp = tid // 32
         lane = tid % 32
         g = lane // 4
         t = lane % 4
-        # K split over the cluster (ksplit CTAs on one row tile, a runtime launch value): CTA rank r's warp w
-        # is virtual warp vw = r * W + w of W * S, and takes the steps vw, vw + W * S, ...
         S = cute.arch.cluster_size()
         rank = cute.arch.block_idx_in_cluster()
-        row0 = (bid // S) * self.rows_cta
-        vw = rank * W + warp
-        WS = W * S
         nsteps = k // STEP_K
         kg = k // 16                    # scale groups per row
         m_cover = m
         if cutlass.const_expr(self.blocked):
             m_cover = (m + 127) // 128 * 128
+        tiles = (m_cover + (self.rows_cta - 1)) // self.rows_cta
+        # ---- this CTA's work: a range [u0, u1) of the (row tile, step) units u = tile * nsteps + step ----
+        # cluster (ksplit > 1): the cluster's tile, every step, its CTAs' warps round robin over the steps;
+        # ksplit 1: CTA b of G takes [b U / G, (b + 1) U / G) of the U = tiles * nsteps units (its warps round
+        # robin over each tile's part); the LoRA sums of a tile split over CTAs meet in the workspace
+        U = tiles * nsteps                             # < 2^21 (M K < 2^31, 16 rows x 64 k per unit)
+        cl = S > 1
+        u0 = cutlass.select_(cl, (bid // S) * nsteps, Int32(range_start(Int64(bid), Int64(U), Int64(G))))
+        u1 = cutlass.select_(cl, u0 + nsteps, Int32(range_start(Int64(bid + 1), Int64(U), Int64(G))))
+        t_a = u0 // nsteps
+        t_b = cutlass.select_(u1 > u0, (u1 - 1) // nsteps, t_a - 1)
+        if t_b > t_a + 1:
+            _asm("trap;", (), [], "")                  # fewer CTAs than tiles: a broken launch, never silent
+        WS = W * S
 
         smem = cutlass.memory.SmemAllocator()
         base = smem.allocate(self.smem_bytes, byte_alignment=128)
         wbase = base.toint() + warp * self.warp_smem          # this warp's SMEM (Int32 shared address)
         rs_s = wbase
         lbuf = wbase + _RS_BYTES
+        xring = lbuf + _lora_tiles_bytes(self.cfg)           # x_stages steps of x, then of smooth
+        sring = xring + self.NS * self.xstage
 
         xb = x.toint()
         actb = act.toint()
         scb = ascales.toint()
-
-        # ---- this lane's rows: q = 2*mt + h -> row0 + 16mt + 8h + g ----------
-        rowv = []
-        valid = []
-        xrow = []
-        for q in cutlass.range_constexpr(NG):
-            r = row0 + 16 * (q // 2) + 8 * (q % 2) + g
-            rowv.append(r)
-            valid.append(Int32(r < m))
-            rc = cutlass.min(r, m - 1)                         # clamp: never read past row m-1
-            xrow.append(rc * k + 16 * t)                       # element offset (M*K < 2^31)
-
-        xring = lbuf + _lora_tiles_bytes(self.cfg)           # x_stages steps of x, then of smooth
-        sring = xring + self.NS * self.xstage
-        c = self._Ctx()
-        for name in ("vw", "WS", "warp", "lane", "g", "t", "m", "k", "nsteps", "kg", "m_cover", "use_smooth", "rs_s",
-                     "lbuf", "xrow", "rowv", "valid", "actb", "scb", "smooth", "xb", "xring", "sring"):
-            setattr(c, name, locals()[name])
         if cutlass.const_expr(R > 0):
             acc = cute.make_rmem_tensor((MT * (R // 8) * 4,), Float32)
-            acc.fill(0.0)
-            c.acc, c.ldb, c.nchunk = acc, lora_down.toint(), R // 8
-            c.lora_fast = (R // 8) & (R // 8 - 1) == 0             # R / 8 a power of two (R = 16, 32, 64, 128)
-            if cutlass.const_expr(c.lora_fast):
-                kk0, cc0 = _lora_copy_slot(lane, 0, R // 8)          # the lane's part (copy 0 adds 0)
-                c.lsb = lbuf + _srow(kk0) * P + cc0 * 16
-                c.lgb = c.ldb + Int64(kk0 * R + cc0 * 8) * 2
-
-        if cutlass.const_expr(self.ring):
-            # ---- ring prologue: copies in the order the steps keep (x_i, L_i, x_i+1, L_i+1, ...) ----
-            # with LoRA: (x0, L0, x1); without: x of steps 0 .. NS-2
-            for j in cutlass.range_constexpr(self.NS - 1):
-                sj = cutlass.min(vw + j * WS, nsteps - 1)
-                self._copy_x(c, j, sj)
-                if use_smooth != 0:
-                    self._copy_smooth(c, j, sj)
-                _cp_commit()
-                if cutlass.const_expr(R > 0 and j == 0):
-                    self._copy_lora(c, 0, sj)
-                    _cp_commit()
-        else:
-            # ---- register prologue: the first step's x and smooth pair, then its lora_down tile ----
-            s0 = cutlass.min(vw, nsteps - 1)
+        if cutlass.const_expr(not self.ring):
             nxt = cute.make_rmem_tensor((NG * 8,), Int32)
-            for q in cutlass.range_constexpr(NG):
-                for hv in cutlass.range_constexpr(2):
-                    v = _ld_v4(xb + Int64(xrow[q] + s0 * STEP_K + 8 * hv) * 2)
-                    for i in cutlass.range_constexpr(4):
-                        nxt[q * 8 + hv * 4 + i] = v[i]
             sm_nxt = cute.make_rmem_tensor((1,), Int32)
-            sm_nxt[0] = _ld_pred_u32(smooth.toint() + (Int64(s0) * STEP_K + Int64(2 * lane)) * 2, use_smooth,
-                                     _ONE_PAIR[dt])
-            c.nxt, c.sm_nxt = nxt, sm_nxt
-            if cutlass.const_expr(R > 0):
-                self._copy_lora(c, 0, s0)
-                _cp_commit()
 
-        nmine = (nsteps - vw + WS - 1) // WS                   # this warp's steps (<= 0: none)
-        if use_smooth != 0:
-            for it in cutlass.range(0, nmine, 1, unroll=1):
-                self._step(c, it, vw + it * WS, True)
-        else:
-            for it in cutlass.range(0, nmine, 1, unroll=1):
-                self._step(c, it, vw + it * WS, False)
+        for seg in cutlass.range_constexpr(2):       # a CTA's range spans at most two tiles (ctas >= tiles)
+            tile = t_a + seg
+            if tile <= t_b:
+                lo = cutlass.max(u0 - tile * nsteps, 0)
+                hi = cutlass.min(u1 - tile * nsteps, nsteps)
+                vw = lo + rank * W + warp                 # this warp's first step of the tile
+                row0 = tile * self.rows_cta
+                # ---- this lane's rows: q = 2*mt + h -> row0 + 16mt + 8h + g ----------
+                rowv = []
+                valid = []
+                xrow = []
+                for q in cutlass.range_constexpr(NG):
+                    r = row0 + 16 * (q // 2) + 8 * (q % 2) + g
+                    rowv.append(r)
+                    valid.append(Int32(r < m))
+                    rc = cutlass.min(r, m - 1)                         # clamp: never read past row m-1
+                    xrow.append(rc * k + 16 * t)                       # element offset (M*K < 2^31)
+                c = self._Ctx()
+                s_last = hi - 1                                        # the last step of this CTA's part
+                vals = dict(vw=vw, WS=WS, warp=warp, lane=lane, g=g, t=t, m=m, k=k, nsteps=nsteps, kg=kg,
+                            m_cover=m_cover, use_smooth=use_smooth, rs_s=rs_s, lbuf=lbuf, xrow=xrow, rowv=rowv,
+                            valid=valid, actb=actb, scb=scb, smooth=smooth, xb=xb, xring=xring, sring=sring,
+                            s_last=s_last)
+                for name, v in vals.items():
+                    setattr(c, name, v)
+                if cutlass.const_expr(R > 0):
+                    acc.fill(0.0)
+                    c.acc, c.ldb, c.nchunk = acc, lora_down.toint(), R // 8
+                    c.lora_fast = (R // 8) & (R // 8 - 1) == 0             # R / 8 a power of two (R = 16, 32, 64, 128)
+                    if cutlass.const_expr(c.lora_fast):
+                        kk0, cc0 = _lora_copy_slot(lane, 0, R // 8)          # the lane's part (copy 0 adds 0)
+                        c.lsb = lbuf + _srow(kk0) * P + cc0 * 16
+                        c.lgb = c.ldb + Int64(kk0 * R + cc0 * 8) * 2
 
-        # ---- LoRA epilogue: reduce the warps' partial sums, store rows < m ----
-        if cutlass.const_expr(R > 0):
-            _cp_wait(0)
-            cute.arch.sync_warp()
-            red = lbuf                                        # this warp's [rows_cta][R] fp32, pitch 4R
-            for rt in cutlass.range_constexpr(R // 16):
-                for q in cutlass.range_constexpr(2 * MT):
-                    o = (rt * 2 * MT + q) * 4
-                    rr0 = 16 * (q // 2) + 8 * (q % 2) + 2 * t          # CTA-local row of c0
-                    rc = 16 * rt + g                                   # LoRA column of c0
-                    _sts_f(red + (rr0 * R + rc) * 4, acc[o])
-                    _sts_f(red + ((rr0 + 1) * R + rc) * 4, acc[o + 1])
-                    _sts_f(red + (rr0 * R + rc + 8) * 4, acc[o + 2])
-                    _sts_f(red + ((rr0 + 1) * R + rc + 8) * 4, acc[o + 3])
-            cute.arch.sync_threads()
-            npairs = self.rows_cta * R // 2
-            per_thr = (npairs + 32 * W - 1) // (32 * W)
-            assert _RS_BYTES + self.rows_cta * R * 4 + per_thr * 32 * W * 8 <= self.warp_smem   # the sums fit
-            lab = lora_act_in.toint()
-            b0 = base.toint() + _RS_BYTES
-            tot = cute.make_rmem_tensor((2 * per_thr,), Float32)
-            for i in cutlass.range_constexpr(per_thr):
-                idx = tid + 32 * W * i
-                rr = idx // (R // 2)
-                cc = (idx % (R // 2)) * 2
-                s0v = Float32(0.0)
-                s1v = Float32(0.0)
-                for w in cutlass.range_constexpr(W):
-                    pv = _lds_v2f(b0 + w * self.warp_smem + (rr * R + cc) * 4)
-                    s0v = s0v + pv[0]
-                    s1v = s1v + pv[1]
-                tot[2 * i] = s0v
-                tot[2 * i + 1] = s1v
-            if S > 1:
-                # the cluster's other CTAs hold partial sums of the same rows: each leaves its sums in its own
-                # SMEM (warp 0's tile buffers, past its partials: no thread reads there any more), a cluster
-                # barrier publishes them, rank 0 adds them in rank order (mapa + ld.shared::cluster), and a
-                # second barrier keeps every CTA (and its SMEM) alive until rank 0 has read it
-                sums = b0 + self.rows_cta * R * 4
-                if rank != 0:
+                if cutlass.const_expr(self.ring):
+                    # ---- ring prologue: copies in the order the steps keep (x_i, L_i, x_i+1, L_i+1, ...) ----
+                    # with LoRA: (x0, L0, x1); without: x of steps 0 .. NS-2
+                    for j in cutlass.range_constexpr(self.NS - 1):
+                        sj = cutlass.min(vw + j * WS, s_last)
+                        self._copy_x(c, j, sj)
+                        if use_smooth != 0:
+                            self._copy_smooth(c, j, sj)
+                        _cp_commit()
+                        if cutlass.const_expr(R > 0 and j == 0):
+                            self._copy_lora(c, 0, sj)
+                            _cp_commit()
+                else:
+                    # ---- register prologue: the first step's x and smooth pair, then its lora_down tile ----
+                    s0 = cutlass.min(vw, s_last)
+                    for q in cutlass.range_constexpr(NG):
+                        for hv in cutlass.range_constexpr(2):
+                            v = _ld_v4(xb + Int64(xrow[q] + s0 * STEP_K + 8 * hv) * 2)
+                            for i in cutlass.range_constexpr(4):
+                                nxt[q * 8 + hv * 4 + i] = v[i]
+                    sm_nxt[0] = _ld_pred_u32(smooth.toint() + (Int64(s0) * STEP_K + Int64(2 * lane)) * 2, use_smooth,
+                                             _ONE_PAIR[dt])
+                    c.nxt, c.sm_nxt = nxt, sm_nxt
+                    if cutlass.const_expr(R > 0):
+                        self._copy_lora(c, 0, s0)
+                        _cp_commit()
+
+                nmine = (hi - vw + WS - 1) // WS                       # this warp's steps (<= 0: none)
+                if use_smooth != 0:
+                    for it in cutlass.range(0, nmine, 1, unroll=1):
+                        self._step(c, it, vw + it * WS, True)
+                else:
+                    for it in cutlass.range(0, nmine, 1, unroll=1):
+                        self._step(c, it, vw + it * WS, False)
+
+                # ---- LoRA epilogue: reduce the warps' partial sums, then store rows < m ----
+                if cutlass.const_expr(R > 0):
+                    _cp_wait(0)
+                    cute.arch.sync_warp()
+                    red = lbuf                                        # this warp's [rows_cta][R] fp32, pitch 4R
+                    for rt in cutlass.range_constexpr(R // 16):
+                        for q in cutlass.range_constexpr(2 * MT):
+                            o = (rt * 2 * MT + q) * 4
+                            rr0 = 16 * (q // 2) + 8 * (q % 2) + 2 * t          # CTA-local row of c0
+                            rc = 16 * rt + g                                   # LoRA column of c0
+                            _sts_f(red + (rr0 * R + rc) * 4, acc[o])
+                            _sts_f(red + ((rr0 + 1) * R + rc) * 4, acc[o + 1])
+                            _sts_f(red + (rr0 * R + rc + 8) * 4, acc[o + 2])
+                            _sts_f(red + ((rr0 + 1) * R + rc + 8) * 4, acc[o + 3])
+                    cute.arch.sync_threads()
+                    npairs = self.rows_cta * R // 2
+                    per_thr = (npairs + 32 * W - 1) // (32 * W)
+                    assert _RS_BYTES + self.rows_cta * R * 4 + per_thr * 32 * W * 8 <= self.warp_smem   # the sums fit
+                    lab = lora_act_in.toint()
+                    b0 = base.toint() + _RS_BYTES
+                    tot = cute.make_rmem_tensor((2 * per_thr,), Float32)
                     for i in cutlass.range_constexpr(per_thr):
-                        _sts_v2(sums + (tid + 32 * W * i) * 8, tot[2 * i], tot[2 * i + 1])
-                cute.arch.cluster_arrive()
-                cute.arch.cluster_wait()
-                if rank == 0:
-                    for r in cutlass.range(1, S, unroll=1):
+                        idx = tid + 32 * W * i
+                        rr = idx // (R // 2)
+                        cc = (idx % (R // 2)) * 2
+                        s0v = Float32(0.0)
+                        s1v = Float32(0.0)
+                        for w in cutlass.range_constexpr(W):
+                            pv = _lds_v2f(b0 + w * self.warp_smem + (rr * R + cc) * 4)
+                            s0v = s0v + pv[0]
+                            s1v = s1v + pv[1]
+                        tot[2 * i] = s0v
+                        tot[2 * i + 1] = s1v
+                    store = Int32(rank == 0)
+                    if S > 1:
+                        # the cluster's other CTAs hold partial sums of the same rows: each leaves its sums in its own
+                        # SMEM (warp 0's tile buffers, past its partials: no thread reads there any more), a cluster
+                        # barrier publishes them, rank 0 adds them in rank order (mapa + ld.shared::cluster), and a
+                        # second barrier keeps every CTA (and its SMEM) alive until rank 0 has read it
+                        sums = b0 + self.rows_cta * R * 4
+                        if rank != 0:
+                            for i in cutlass.range_constexpr(per_thr):
+                                _sts_v2(sums + (tid + 32 * W * i) * 8, tot[2 * i], tot[2 * i + 1])
+                        cute.arch.cluster_arrive()
+                        cute.arch.cluster_wait()
+                        if rank == 0:
+                            for r in cutlass.range(1, S, unroll=1):
+                                for i in cutlass.range_constexpr(per_thr):
+                                    pv = _ld_cluster_v2f(sums + (tid + 32 * W * i) * 8, r)
+                                    tot[2 * i] = tot[2 * i] + pv[0]
+                                    tot[2 * i + 1] = tot[2 * i + 1] + pv[1]
+                        cute.arch.cluster_arrive()
+                        cute.arch.cluster_wait()
+                    elif (lo != 0) | (hi != nsteps):
+                        # the tile is split over CTAs b_first .. b_last: each writes its sums to its own slot of the
+                        # workspace and arrives on the tile's counter (b_first's); the last to arrive adds the slots in
+                        # CTA order (the same sum whoever is last), stores the rows and resets the counter
+                        # the grid size read again here (volatile), so that it is not kept live through the steps
+                        Gv = Int64(_asm("mov.u32 $0, %nctaid.x;", (Int32,), [], "=r", True))
+                        tu = Int64(tile) * nsteps
+                        b_first = Int32(cta_of_unit(tu, Int64(U), Gv))
+                        b_last = Int32(cta_of_unit(tu + nsteps - 1, Int64(U), Gv))
+                        wsb = workspace.toint()
+                        parts = wsb + workspace_counter_bytes(Gv)
+                        slot_bytes = self.rows_cta * R * 4
+                        mine = parts + (Int64(bid) * 2 + Int64(tile != t_a)) * slot_bytes
                         for i in cutlass.range_constexpr(per_thr):
-                            pv = _ld_cluster_v2f(sums + (tid + 32 * W * i) * 8, r)
-                            tot[2 * i] = tot[2 * i] + pv[0]
-                            tot[2 * i + 1] = tot[2 * i + 1] + pv[1]
-                cute.arch.cluster_arrive()
-                cute.arch.cluster_wait()
-            for i in cutlass.range_constexpr(per_thr):
-                idx = tid + 32 * W * i
-                rr = idx // (R // 2)
-                cc = (idx % (R // 2)) * 2
-                row = row0 + rr
-                ok = Int32((row < m) & (idx < npairs) & (rank == 0))
-                if cutlass.const_expr(_PROBE):
-                    ok = Int32(0)
-                _st_u32_pred(lab + (Int64(cutlass.min(row, m - 1)) * R + cc) * 2,
-                             _pack_pair(tot[2 * i], tot[2 * i + 1], dt), ok)
-
+                            idx = tid + 32 * W * i
+                            _st_v2f_pred(mine + idx * 8, tot[2 * i], tot[2 * i + 1], Int32(idx < npairs))
+                        # the CTA's slot writes, then one thread's GPU-scope fence and arrival (acq_rel): the barrier
+                        # orders every thread's writes before the fence, and the last arrival's reads after the arrival
+                        cute.arch.sync_threads()
+                        if tid == 0:
+                            _fence_gpu()
+                            _sts_u32(rs_s, _arrive(wsb + Int64(b_first) * 8))   # warp 0's smooth buffer: free here
+                        cute.arch.sync_threads()
+                        store = Int32(_lds_u32(base.toint()) == b_last - b_first + 1)
+                        if store != 0:
+                            for i in cutlass.range_constexpr(2 * per_thr):
+                                tot[i] = Float32(0.0)
+                            for b in cutlass.range(b_first, b_last + 1, 1, unroll=1):
+                                first_tile = Int32(range_start(Int64(b), Int64(U), Gv)) // nsteps
+                                sb = parts + (Int64(b) * 2 + Int64(first_tile != tile)) * slot_bytes
+                                for i in cutlass.range_constexpr(per_thr):
+                                    idx = cutlass.min(tid + 32 * W * i, npairs - 1)
+                                    pv = _ld_relaxed_v2f(sb + idx * 8)
+                                    tot[2 * i] = tot[2 * i] + pv[0]
+                                    tot[2 * i + 1] = tot[2 * i + 1] + pv[1]
+                            if tid == 0:
+                                _st_u64(wsb + Int64(b_first) * 8, Int64(0))
+                    for i in cutlass.range_constexpr(per_thr):
+                        idx = tid + 32 * W * i
+                        rr = idx // (R // 2)
+                        cc = (idx % (R // 2)) * 2
+                        row = row0 + rr
+                        ok = Int32((row < m) & (idx < npairs) & (store != 0))
+                        if cutlass.const_expr(_PROBE):
+                            ok = Int32(0)
+                        _st_u32_pred(lab + (Int64(cutlass.min(row, m - 1)) * R + cc) * 2,
+                                     _pack_pair(tot[2 * i], tot[2 * i + 1], dt), ok)
+                    cute.arch.sync_threads()          # the next tile's copies reuse the SMEM read above
 
         if cutlass.const_expr(_PROBE and R > 0):
             # diagnosis build only: per CTA (SM id, t_start, t_end) into lora_act_in
@@ -807,9 +918,9 @@ class _QuantizeAct:
             cute.arch.sync_warp()                         # everyone is done with the last rs / tile reads
             # copies for later steps (clamped to a valid step: the last one is re-read, harmlessly)
             if R > 0:
-                self._copy_lora(c, (it + 1) % 2, cutlass.min(s + c.WS, nsteps - 1))
+                self._copy_lora(c, (it + 1) % 2, cutlass.min(s + c.WS, c.s_last))
                 _cp_commit()
-            sn = cutlass.min(s + (NS - 1) * c.WS, nsteps - 1)
+            sn = cutlass.min(s + (NS - 1) * c.WS, c.s_last)
             slot_n = (it + NS - 1) % NS
             self._copy_x(c, slot_n, sn)
             if smoothing:
@@ -831,7 +942,7 @@ class _QuantizeAct:
             sm_cur = sm_nxt[0]
             cute.arch.sync_warp()                         # everyone is done with the last rs / tile reads
             # the next step's x and smooth into registers (clamped: the last step is re-read, harmlessly)
-            sn = cutlass.min(s + c.WS, nsteps - 1)
+            sn = cutlass.min(s + c.WS, c.s_last)
             for q in range(NG):
                 for hv in range(2):
                     v = _ld_v4(c.xb + Int64(c.xrow[q] + sn * STEP_K + 8 * hv) * 2)

@@ -20,6 +20,7 @@ from cuda.bindings import driver as cu
 
 
 MAX_SMEM_OPTIN = 97  # CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN (= the runtime's value)
+MULTIPROCESSOR_COUNT = 16  # CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
 
 
 class CudaError(RuntimeError):
@@ -163,6 +164,17 @@ class DeviceKernels:
                 if (got_off, got_size) != (offset, size):
                     raise CudaError(f"kernel {sym} parameter {index}: driver says offset {got_off} size "
                                     f"{got_size}, manifest says offset {offset} size {size}")
+
+    def resident_blocks(self, sym: str, threads: int, dynamic_smem: int) -> int:
+        """CTAs of kernel `sym` one SM holds at once with `threads` threads and `dynamic_smem` bytes of dynamic
+        SMEM (the driver's occupancy calculator, in the device's primary context)."""
+        self.push_primary()
+        try:
+            fn = check(cu.cuKernelGetFunction(self.kernels[sym]), f"cuKernelGetFunction({sym})")
+            return int(check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, threads, dynamic_smem),
+                             f"cuOccupancyMaxActiveBlocksPerMultiprocessor({sym})"))
+        finally:
+            self.pop()
 
     def foreign_context(self) -> bool:
         """True if a context other than the device's primary one is current on this thread.

@@ -32,11 +32,9 @@ from .launcher import Launcher
 from .ops import OPS, decode_act as decode_op, gemm_w4a4 as gemm_op, op_spec, quantize_act as quant_op
 from .verify import open_artifacts
 
-_SM_COUNT = 16  # CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
 _GEMM_SMS = gemm_op.SM_COUNT_INDEX
 _GEMM_STREAM = gemm_op.STREAM_INDEX
 _QUANT_STREAM = quant_op.STREAM_INDEX
-_QUANT_KSPLIT = quant_op.KSPLIT_INDEX
 try:  # the class of a plain tensor, for the hot path's device lookup (torch is optional at import)
     from torch import Tensor as _Tensor
 except ImportError:  # pragma: no cover
@@ -161,7 +159,7 @@ class Library:
         arch = self._arch.get(ordinal)
         if arch is None:
             arch = driver.device_arch(ordinal)
-            self._sms[ordinal] = driver.device_attribute(_SM_COUNT, ordinal)
+            self._sms[ordinal] = driver.device_attribute(driver.MULTIPROCESSOR_COUNT, ordinal)
             self._arch[ordinal] = arch    # last: a thread that sees the arch also sees the SM count
         return arch
 
@@ -182,6 +180,9 @@ class Library:
         pre = OPS[e.op].prepass(e.knobs)
         if pre is None:
             ln = self._kernel_launcher(name, ordinal, capturing)
+            wrap = OPS[e.op].wrap_launcher
+            if wrap is not None:
+                ln = wrap(ln, e)
         else:
             mine = sorted(v.name for v in self.variants if v.op == pre and v.arch == e.arch)
             if not mine:
@@ -307,14 +308,14 @@ class Library:
         if fast is None:
             call = quant_op.plan_call(arch, x, smooth=smooth, lora_down=lora_down, out_act=out_act,
                                       out_scales=out_scales, out_lora=out_lora)
-            values = dict(call.pointers, m=call.m, k=call.k, use_smooth=call.use_smooth, ksplit=1, stream=0)
+            values = dict(call.pointers, workspace=0, m=call.m, k=call.k, use_smooth=call.use_smooth, ksplit=1, ctas=1,
+                          stream=0)
             fast = (call.features, (("m", call.m), ("k", call.k)), call.outputs,
                     [values[a] for a in self._arg_order["quantize_act"]])
         feats, dims, outputs, args = fast
         ln = self._choice.get(("quantize_act", ordinal, feats, dims))
         if ln is None:
             ln = self._resolve("quantize_act", ordinal, feats, dims, _capturing())
-        args[_QUANT_KSPLIT] = quant_op.ksplit_for(dims[0][1], dims[1][1], feats[1], self._sms[ordinal])
         args[_QUANT_STREAM] = _current_stream(ordinal)
         _launch_in_primary(ln, args)
         return outputs

@@ -373,6 +373,8 @@ def random_launch_args(rng, spec, req, *, ms, m_hi, nk_hi, sm_counts, null_rate=
             out.append(rng.choice(sm_counts))
         elif a == "ksplit":
             out.append(rng.choice([1, 2, 4, 8]))
+        elif a == "ctas":
+            out.append(rng.choice([1, 396, rng.randrange(1, 1 << 20)]))
         else:
             out.append(rng.randrange(0, 2))
     return out

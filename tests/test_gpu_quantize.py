@@ -75,6 +75,27 @@ def test_other_ranks(lib):
         _case(lib, 300, 3072, "bf16", True, r, seed=r)
 
 
+def _tiles(m, rows=16):
+    return -(-m // rows)
+
+
+def _force_cluster(monkeypatch, ksplit):
+    """Every launch takes the cluster form with `ksplit` CTAs per row tile (one CTA per tile at 1)."""
+    from svdq_loader.ops import quantize_act as qop
+    monkeypatch.setattr(qop, "schedule", lambda m, k, r, sms, res, rows, blocked: (ksplit, _tiles(m, rows) * ksplit, 0))
+
+
+def _force_range(monkeypatch, grid):
+    """Every launch takes the range form with grid(tiles, units) CTAs (clamped to [tiles, units])."""
+    from svdq_loader.ops import quantize_act as qop
+
+    def sched(m, k, r, sms, res, rows, blocked):
+        tiles = _tiles(m, rows)
+        ctas = max(tiles, min(grid(tiles, tiles * (k // 64), sms * res), tiles * (k // 64)))
+        return 1, ctas, qop.workspace_bytes(ctas, rows, r) if ctas > tiles else 0
+    monkeypatch.setattr(qop, "schedule", sched)
+
+
 # 5. the K split over a cluster of ksplit CTAs (forced here; the loader sizes it from M, K and the SM count):
 #    fewer steps than warps x ksplit, M tails, every rank (96 takes the SMEM-ring form)
 @pytest.mark.parametrize("ksplit", [2, 4, 8])
@@ -83,21 +104,66 @@ def test_other_ranks(lib):
 @pytest.mark.parametrize("use_smooth", [False, True])
 @pytest.mark.parametrize("r", [0, 32])
 def test_ksplit(lib, monkeypatch, ksplit, m, k, dt, use_smooth, r):
-    from svdq_loader.ops import quantize_act as qop
-    monkeypatch.setattr(qop, "ksplit_for", lambda *_: ksplit)
+    _force_cluster(monkeypatch, ksplit)
     _case(lib, m, k, dt, use_smooth, r, seed=m * 31 + k + 7 * use_smooth + r + 5 * ksplit + (dt == "fp16"))
 
 
 @pytest.mark.parametrize("ksplit", [1, 2, 8])
 def test_ksplit_ranks(lib, monkeypatch, ksplit):
-    from svdq_loader.ops import quantize_act as qop
-    monkeypatch.setattr(qop, "ksplit_for", lambda *_: ksplit)
+    _force_cluster(monkeypatch, ksplit)
     avail = {v.knobs.get("rank") for v in getattr(lib, "variants", []) if getattr(v, "op", "quantize_act") == "quantize_act"}
     for r in (16, 48, 64, 96, 128):
         if avail and r not in avail:
             continue
         _case(lib, 300, 3072, "bf16", True, r, seed=r + ksplit)
         _case(lib, 40, 128, "fp16", False, r, seed=r + ksplit + 1)
+
+
+# 6. the range form (ksplit 1): CTA b takes units [b U / G, (b + 1) U / G) of the U (row tile, 64-k step) units,
+#    so a CTA may end inside one tile and go on into the next; the LoRA sums of a split tile meet in the workspace
+#    (a fresh allocation: whatever bytes it held).  Grids: one more CTA than tiles, 1.5x, 2x - 1, one CTA per
+#    unit (every tile split over nsteps CTAs) and whole waves of the resident CTAs.
+RANGE_GRIDS = {"tiles+1": lambda t, u, f: t + 1, "1.5x": lambda t, u, f: t * 3 // 2, "2x-1": lambda t, u, f: 2 * t - 1,
+               "units": lambda t, u, f: u, "fill": lambda t, u, f: -(-t // f) * f}
+
+
+@pytest.mark.parametrize("grid", sorted(RANGE_GRIDS))
+@pytest.mark.parametrize("m,k", [(77, 192), (1000, 3072), (300, 15360)])
+@pytest.mark.parametrize("dt", ["bf16", "fp16"])
+@pytest.mark.parametrize("use_smooth", [False, True])
+@pytest.mark.parametrize("r", [0, 32])
+def test_range(lib, monkeypatch, grid, m, k, dt, use_smooth, r):
+    _force_range(monkeypatch, RANGE_GRIDS[grid])
+    _case(lib, m, k, dt, use_smooth, r, seed=m * 37 + k + 7 * use_smooth + r + len(grid) + (dt == "fp16"))
+
+
+@pytest.mark.parametrize("grid", ["tiles+1", "1.5x", "fill"])
+def test_range_ranks(lib, monkeypatch, grid):
+    _force_range(monkeypatch, RANGE_GRIDS[grid])
+    avail = {v.knobs.get("rank") for v in getattr(lib, "variants", []) if getattr(v, "op", "quantize_act") == "quantize_act"}
+    for r in (16, 48, 64, 96, 128):
+        if avail and r not in avail:
+            continue
+        _case(lib, 300, 3072, "bf16", True, r, seed=r + 3 * len(grid))
+        _case(lib, 40, 256, "fp16", False, r, seed=r + 3 * len(grid) + 1)
+
+
+@pytest.mark.parametrize("fill", ["zeros", "ones", "random"])
+def test_range_workspace_reuse(lib, monkeypatch, fill):
+    """One workspace for every call (its bytes set once: zeros, 0xFF or random): the counters the last CTA of
+    each split tile resets leave it fit for the next call, whatever the grid."""
+    from svdq_loader.ops import quantize_act as qop
+    ws = torch.empty(60 << 20, dtype=torch.uint8, device="cuda")      # the "units" grid at M = 4608 needs 56.7 MB
+    {"zeros": lambda: ws.zero_(), "ones": lambda: ws.fill_(255),
+     "random": lambda: ws.copy_(torch.randint(0, 256, ws.shape, dtype=torch.uint8, device="cuda"))}[fill]()
+    def alloc(self, n):
+        assert n <= ws.numel(), f"the test's workspace holds {ws.numel()} bytes, the launch needs {n}"
+        return ws[:n]
+    monkeypatch.setattr(qop.QuantizeLauncher, "_alloc", alloc)
+    for i, grid in enumerate(["1.5x", "fill", "units", "tiles+1", "1.5x"]):
+        _force_range(monkeypatch, RANGE_GRIDS[grid])
+        _case(lib, 1000, 3072, "bf16", True, 32, seed=100 + i)
+        _case(lib, 4608, 3072, "bf16", True, 32, seed=200 + i)
 
 
 def test_non_finite_policy(lib):

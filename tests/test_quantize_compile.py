@@ -74,7 +74,7 @@ def test_variant(compiled, case):
         assert ru["registers"] <= 255, f"{sym}: {ru['registers']} registers"
         assert ru["stack_frame_bytes"] == 0, f"{sym}: stack frame {ru['stack_frame_bytes']} B (spills / local memory)"
     k = info.kernels[ck.kernel_symbols[0]]
-    assert k.param_sizes == [8] * 6 + [4] * 3, k.params          # 6 pointers, m, k, use_smooth
+    assert k.param_sizes == [8] * 7 + [4] * 3, k.params          # 7 pointers (workspace last), m, k, use_smooth
     assert ck.smem_bytes == fam.smem_bytes_for(_knobs(arch, dt, r))
     ptx = ck.ptx
     assert ptx and ".entry" in ptx
@@ -85,6 +85,11 @@ def test_variant(compiled, case):
     # the K split is read from the launch's cluster; only LoRA needs the cross-CTA reduction
     assert "%cluster_nctarank" in ptx and "%cluster_ctarank" in ptx
     assert ("ld.shared::cluster" in ptx) == (r > 0) and ("barrier.cluster.arrive" in ptx) == (r > 0)
+    # the range form (ksplit 1): the grid size is read in the kernel, more than two tiles per CTA traps, and the
+    # LoRA sums of a split tile meet through the workspace (one GPU-scope fence and counter CAS per split tile)
+    assert "%nctaid.x" in ptx and "trap;" in ptx
+    assert ("atom.acq_rel.gpu.global.cas.b64" in ptx) == (r > 0) and ("fence.acq_rel.gpu" in ptx) == (r > 0)
+    assert ("ld.relaxed.gpu.global.v2.f32" in ptx) == (r > 0)
     sass = dump_sass(path)
     if sass is None:   # the test extra installs both tools; only an explicit opt-out may skip
         if os.environ.get("SVDQ_ALLOW_NO_SASS") == "1":
@@ -96,7 +101,9 @@ def test_variant(compiled, case):
     if r in fam._RING_RANKS:
         # x (and smooth) arrive through cp.async into the per-warp ring: 16-byte copies, no plain loads
         assert re.search(r"LDGSTS\.E\.BYPASS\.128", sass), "x is not copied with cp.async.cg 16-byte chunks"
-        assert not re.search(r"\bLDG\.E", sass), "a plain global load remains (x should come through SMEM)"
+        # (the range form's workspace reads are GPU-scope STRONG loads, not x)
+        plain = [ln for ln in re.findall(r"\bLDG\.E[A-Z0-9.]*", sass) if "STRONG.GPU" not in ln]
+        assert not plain, f"a plain global load remains (x should come through SMEM): {plain[:3]}"
     else:
         # x is prefetched one step ahead into registers: 16-byte non-coherent loads
         assert re.search(r"LDG\.E\.[A-Z.]*128", sass), "x is not loaded in 16-byte chunks"

@@ -1,7 +1,7 @@
 """Time every built quantize_act variant of an artifact set on this GPU (tuning data for docs/PERF.md).
 
     python3 tools/quant_sweep.py ARTIFACTS [--m 4608,1024] [--k 3072,15360] [--ksplit 1,2,4] [--smooth 0,1]
-        [--ranks 0,32] [--full-check]
+        [--ranks 0,32] [--ctas tiles,fill,2fill,auto] [--full-check]
 
 Bypasses selection (each variant's launcher is driven directly); checks every
 variant's codes and scales of the first 64 rows against the exact reference
@@ -27,13 +27,18 @@ def main() -> None:
     ap.add_argument("--m", default="4608", help="token counts (comma-separated)")
     ap.add_argument("--k", default="3072,15360")
     ap.add_argument("--ksplit", default="1", help="cluster K splits to time (the launch's ksplit argument)")
+    ap.add_argument("--ctas", default="tiles",
+                    help="grid sizes to time: tiles (tiles x ksplit: one CTA per tile and split), fill / 2fill ... "
+                         "(ksplit 1 only: whole waves of the CTAs the SMs hold, at least the tiles; N x that), an "
+                         "integer, or auto (the loader's own schedule: ksplit and grid)")
     ap.add_argument("--smooth", default="0,1")
     ap.add_argument("--ranks", default="", help="only these ranks (default: every built rank)")
     ap.add_argument("--full-check", action="store_true",
                     help="check every row's codes and scales, and lora_act_in, against the torch version")
     a = ap.parse_args()
     copies = 8
-    print("| variant | M | K | R | smooth | ksplit | µs (median) | GB/s | exact |\n|---|---|---|---|---|---|---|---|---|")
+    print("| variant | M | K | R | smooth | ksplit | ctas | µs (median) | GB/s | exact |\n"
+          "|---|---|---|---|---|---|---|---|---|---|")
     ranks = {int(r) for r in a.ranks.split(",") if r}
     for art in a.artifacts:
         lib = svdq_loader.load(art)
@@ -41,19 +46,45 @@ def main() -> None:
             _time_variant(a, art, lib, e, ranks, copies)
 
 
-def direct_calls(lib, e, m, k, r, ks, copies, smooth_on=True):
-    """Variant e's launcher and `copies` argument lists of fresh random bf16 inputs (x [m, k], smooth, lora_down
-    [k, r]) on the current stream, with the K split forced to ks: (launcher, xs, smooth, lora_down, calls)."""
+def grid_for(ln, form: str, m: int, k: int, r: int, ks: int) -> tuple[int, int]:
+    """(ksplit, ctas) of grid form `form` (see --ctas) for launcher ln (a QuantizeLauncher)."""
+    tiles = -(-m // ln.tile_rows)
+    if form == "auto":
+        sms, resident = ln.grid_facts()
+        s, ctas, _ = qop.schedule(m, k, r, sms, resident, ln.tile_rows, ln.blocked)
+        return s, ctas
+    if form == "tiles":
+        return ks, tiles * ks
+    if form.endswith("fill"):
+        sms, resident = ln.grid_facts()
+        fill = resident * sms * int(form[:-4] or 1)
+        return 1, max(tiles, min(-(-tiles // fill) * fill, tiles * (k // 64)))
+    return 1, max(tiles, int(form))
+
+
+def direct_calls(lib, e, m, k, r, ks, copies, smooth_on=True, form="tiles"):
+    """Variant e's kernel launcher and `copies` argument lists of fresh random bf16 inputs (x [m, k], smooth,
+    lora_down [k, r]) on the current stream, with the grid forced to form `form` (see --ctas; the range forms
+    get a workspace of random bytes each): (launcher, xs, smooth, lora_down, calls, (ksplit, ctas))."""
     xs = [torch.randn(m, k, device="cuda").to(torch.bfloat16) for _ in range(copies)]
     sm = torch.rand(k, device="cuda").add_(0.5).to(torch.bfloat16) if smooth_on else None
     ld = (torch.randn(k, r, device="cuda") / k ** 0.5).to(torch.bfloat16) if r else None
-    ln = lib._launcher(e.name, 0, False)
+    ql = lib._launcher(e.name, 0, False)
+    ks, ctas = grid_for(ql, form, m, k, r, ks)
     calls = [qop.fast_args("sm_90a", x, sm, ld) for x in xs]
     stream = torch.cuda.current_stream().cuda_stream
+    nbytes = qop.workspace_bytes(ctas, ql.tile_rows, r) if ks == 1 else 0
+    keep = []
     for c in calls:
         c[3][qop.STREAM_INDEX] = stream
         c[3][qop.KSPLIT_INDEX] = ks
-    return ln, xs, sm, ld, calls
+        c[3][qop.CTAS_INDEX] = ctas
+        if nbytes:
+            ws = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device="cuda")
+            c[3][qop.WORKSPACE_INDEX] = ws.data_ptr()
+            keep.append(ws)
+    calls = [c + (keep,) for c in calls]                      # each call holds the workspaces
+    return ql.inner, xs, sm, ld, calls, (ks, ctas)
 
 
 def timed_pass(ln, calls) -> float:
@@ -73,10 +104,12 @@ def _time_variant(a, art, lib, e, ranks, copies):
     r = e.knobs["rank"]
     if ranks and r not in ranks or e.knobs["dtype"] != "bf16":
         return
-    for mm, k, ks in ((int(y), int(x), int(s)) for y in a.m.split(",") for x in a.k.split(",")
-                      for s in a.ksplit.split(",")):
+    for mm, k, ks, form in ((int(y), int(x), int(s), f) for y in a.m.split(",") for x in a.k.split(",")
+                            for s in a.ksplit.split(",") for f in a.ctas.split(",")):
+        if form != "tiles" and ks != 1:
+            continue                                          # the range forms have no cluster split
         for smooth_on in (bool(int(x)) for x in a.smooth.split(",")):
-            ln, xs, sm, ld, calls = direct_calls(lib, e, mm, k, r, ks, copies, smooth_on)
+            ln, xs, sm, ld, calls, (ks_used, ctas) = direct_calls(lib, e, mm, k, r, ks, copies, smooth_on, form)
             ln.launch(calls[0][3])
             torch.cuda.synchronize()
             act, sc, la = calls[0][2]
@@ -93,8 +126,8 @@ def _time_variant(a, art, lib, e, ranks, copies):
             us = statistics.median(timed_pass(ln, calls) for _ in range(20))
             nbytes = mm * k * 2 + mm * k // 2 + mm * k // 16 + mm * r * 2 + k * r * 2 + (k * 2 if smooth_on else 0)
             short = (art.rstrip("/").split("/")[-1] + ":" if len(a.artifacts) > 1 else "") + e.name.split("_sm90a_")[1]
-            print(f"| {short} | {mm} | {k} | {r} | {int(smooth_on)} | {ks} | {us:.1f} | {nbytes / us / 1e3:.0f} | "
-                  f"{'yes' if exact else 'NO'} |", flush=True)
+            print(f"| {short} | {mm} | {k} | {r} | {int(smooth_on)} | {ks_used} | {ctas} | {us:.1f} | "
+                  f"{nbytes / us / 1e3:.0f} | {'yes' if exact else 'NO'} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ def main() -> None:
 
 def _case(lib, e, m, k, r, ks):
     copies = 6
-    ln, _, _, _, calls = direct_calls(lib, e, m, k, r, ks, copies)
+    ln, _, _, _, calls, _ = direct_calls(lib, e, m, k, r, ks, copies)
     for _ in range(3):
         for c in calls:
             c[2][2].fill_(0)

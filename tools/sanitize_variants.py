@@ -3,6 +3,7 @@
     compute-sanitizer --tool memcheck --report-api-errors no python3 tools/sanitize_variants.py artifacts
     compute-sanitizer --tool racecheck python3 tools/sanitize_variants.py artifacts --default-only --m 77,1000
     compute-sanitizer --tool racecheck python3 tools/sanitize_variants.py artifacts --match splitk4 --m 77
+    compute-sanitizer --tool memcheck python3 tools/sanitize_variants.py artifacts --match quantize --quant-grid range
 
 Each variant's launcher is driven directly (selection bypassed, so every variant runs, not only the ones
 selection prefers).  Outputs sit NaN-poisoned in a buffer with guard rows; gemm_w4a4 is checked against
@@ -70,7 +71,16 @@ def main() -> int:
                     help="only the variants selection picks for bf16, R=32, wcscale and bias (racecheck/synccheck)")
     ap.add_argument("--match", action="append", default=[], metavar="TEXT",
                     help="only variants whose name contains TEXT (repeatable: all must match)")
+    ap.add_argument("--quant-grid", choices=("auto", "range"), default="auto",
+                    help="quantize_act launch form: the loader's choice (auto), or the range form with 1.5x the "
+                         "tiles in CTAs, so that most tiles are split and their LoRA sums meet in the workspace")
     a = ap.parse_args()
+    if a.quant_grid == "range":
+        def sched(m, k, r, sms, res, rows, blocked):
+            tiles = -(-(-(-m // 128) * 128 if blocked else m) // rows)
+            ctas = max(tiles, min(tiles * 3 // 2 + 1, tiles * (k // 64)))
+            return 1, ctas, qop.workspace_bytes(ctas, rows, r) if ctas > tiles else 0
+        qop.schedule = sched
     lib = svdq_loader.load(a.artifacts)
     arch = driver.device_arch(0)
     lib._device_arch(0)

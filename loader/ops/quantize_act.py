@@ -21,8 +21,8 @@ SPEC = OpSpec(
     summary="NVFP4 activation quantization with optional smoothing and fused LoRA-down",
     host_args=(
         ("x", "ptr"), ("smooth", "ptr"), ("lora_down", "ptr"),
-        ("act", "ptr"), ("ascales", "ptr"), ("lora_act_in", "ptr"),
-        ("m", "i32"), ("k", "i32"), ("use_smooth", "i32"), ("ksplit", "i32"),
+        ("act", "ptr"), ("ascales", "ptr"), ("lora_act_in", "ptr"), ("workspace", "ptr"),
+        ("m", "i32"), ("k", "i32"), ("use_smooth", "i32"), ("ksplit", "i32"), ("ctas", "i32"),
         ("stream", "stream"),
     ),
     features=(
@@ -34,6 +34,7 @@ SPEC = OpSpec(
     shape_rule=m_k_shape_rule,
     requirement_keys=("k_multiple",),
     coverage_problems=distinct_k_coverage,
+    wrap_launcher=lambda ln, entry: QuantizeLauncher(ln, entry),
 )
 
 # ---------------------------------------------------------------------------
@@ -157,12 +158,143 @@ def ksplit_for(m: int, k: int, rank: int, sm_count: int) -> int:
     return s
 
 
-_FAST_ORDER = ("x", "smooth", "lora_down", "act", "ascales", "lora_act_in", "m", "k", "use_smooth", "ksplit",
-               "stream")
+# ---------------------------------------------------------------------------
+# The range form's arithmetic, one home for the kernel (which calls these on its traced 64-bit integers) and
+# the loader and tests (on Python ints).  U = tiles * (K / 64) units, unit u = tile * steps + step; G CTAs.
+# ---------------------------------------------------------------------------
+
+def range_start(b, units, ctas):
+    """First unit of CTA b's range [range_start(b), range_start(b + 1))."""
+    return b * units // ctas
+
+
+def cta_of_unit(u, units, ctas):
+    """The CTA whose range holds unit u (the largest b with range_start(b) <= u)."""
+    return ((u + 1) * ctas - 1) // units
+
+
+def workspace_counter_bytes(ctas):
+    """Bytes of the workspace's counter words (one 64-bit word per CTA; a split tile counts on its first CTA's
+    word), rounded up to 256.  The partial-sum slots follow: slot ``2 b + e`` of CTA b (e = 0: its range's
+    first tile, 1: its last) holds ``tile_rows * R`` fp32."""
+    return (ctas * 8 + 255) // 256 * 256
+
+
+def workspace_bytes(ctas: int, tile_rows: int, rank: int) -> int:
+    """Bytes of the workspace a ``ctas``-CTA range launch needs (0 without LoRA: no sums to meet)."""
+    if not rank:
+        return 0
+    return workspace_counter_bytes(ctas) + ctas * 2 * tile_rows * rank * 4
+
+
+#: Without LoRA the range form serves from this many row tiles (M >= 256) up: 9-29 % faster than the
+#: cluster split at M = 1024-18432 and equal at M = 256, K = 3072 (H200, docs/PERF.md, session 18)
+RANGE_MIN_TILES_NO_LORA = 16
+#: With LoRA the range form pays only where its split tiles are few against their length: K from this up,
+#: with more tiles than half the resident CTAs but no more than them (M = 4608, K = 12288 / 15360: 3 / 6 %
+#: faster than the best cluster split; at K = 3072 10 % slower, at M = 9216 4-5 % slower; session 18)
+RANGE_MIN_K_LORA = 8192
+
+
+def range_pays(tiles: int, k: int, rank: int, fill: int) -> bool:
+    """Whether the range form (ksplit 1, whole waves of resident CTAs) beats the cluster split: the H200
+    sweeps of docs/PERF.md, session 18.  `fill`: the CTAs the SMs hold at once."""
+    if not rank:
+        return tiles >= RANGE_MIN_TILES_NO_LORA
+    return k >= RANGE_MIN_K_LORA and fill < 2 * tiles <= 2 * fill
+
+
+@functools.lru_cache(maxsize=4096)
+def schedule(m: int, k: int, rank: int, sm_count: int, resident: int, tile_rows: int, blocked: bool
+             ) -> tuple[int, int, int]:
+    """``(ksplit, ctas, workspace bytes)`` of a launch.  The range form (`range_pays`): ksplit 1 and ``ctas`` =
+    whole waves of the `resident` CTAs per SM, each CTA taking an equal range of the (row tile, 64-k step)
+    units, at least one tile's worth (``ctas >= tiles``, which keeps a CTA within two tiles), with a workspace
+    where that splits tiles and there are LoRA sums to add.  Else the cluster form: `ksplit_for` CTAs per
+    tile (one at 1), ``tiles * ksplit`` CTAs.  Memoised."""
+    rows = -(-m // 128) * 128 if blocked else m
+    tiles = -(-rows // tile_rows)
+    fill = max(1, resident) * sm_count
+    if range_pays(tiles, k, rank, fill):
+        ctas = max(tiles, min(-(-tiles // fill) * fill, tiles * (k // 64)))
+        return 1, ctas, workspace_bytes(ctas, tile_rows, rank) if ctas > tiles else 0
+    s = ksplit_for(m, k, rank, sm_count)
+    return s, tiles * s, 0
+
+
+class QuantizeLauncher:
+    """The launcher of a ``quantize_act`` variant: sizes the grid (`schedule`, from the device's SM count and
+    how many of the variant's CTAs an SM holds, asked of the driver once) and, where a range launch splits
+    row tiles over CTAs, takes the workspace its CTAs meet in from torch's caching allocator on the current
+    stream (released when `launch` returns: torch hands it out again only to later work on that stream, and
+    under graph capture it comes from the graph's pool).  The workspace needs no zeroing (the kernel's
+    counters recognise their own words).  Same interface as `Launcher`."""
+
+    def __init__(self, inner, entry):
+        self.inner = inner
+        self.name = inner.name
+        self.device = inner.device
+        kn = entry.knobs
+        self.rank = int(kn["rank"])
+        self.tile_rows = 16 * int(kn["mtiles"])
+        self.threads = 32 * int(kn["warps"])
+        self.blocked = kn["scale_layout"] == "blocked"
+        self._smem = int(entry.smem_bytes)
+        self._empty = None
+        self._plans: dict = {}       # (m, k) -> schedule(...): one dict lookup per call
+        # asked once, here: the library makes launchers outside graph capture only (it refuses to load then)
+        self._grid = self.grid_facts()
+
+    def grid_facts(self) -> tuple[int, int]:
+        """(SM count, CTAs of this variant one SM holds at once) on the launcher's device."""
+        from .. import driver
+        ordinal = getattr(self.device, "ordinal", 0)
+        sym = next(iter(self.inner.kernels))
+        return (driver.device_attribute(driver.MULTIPROCESSOR_COUNT, ordinal),
+                self.device.resident_blocks(sym, self.threads, self._smem))
+
+    def _alloc(self, nbytes: int):
+        empty = self._empty
+        if empty is None:
+            torch = torch_module()
+            dev = torch.device("cuda", getattr(self.device, "ordinal", 0))
+            u8 = torch.uint8
+            empty = self._empty = lambda n: torch.empty(n, dtype=u8, device=dev)
+        return empty(nbytes)
+
+    def plan(self, m: int, k: int) -> tuple[int, int, int]:
+        """(ksplit, ctas, workspace bytes) of an M x K call on this launcher's device (`schedule`)."""
+        sms, resident = self._grid
+        p = schedule(m, k, self.rank, sms, resident, self.tile_rows, self.blocked)
+        if len(self._plans) >= 4096:
+            self._plans.clear()
+        self._plans[(m, k)] = p
+        return p
+
+    def launch(self, args) -> None:
+        key = (args[_M_INDEX], args[_K_INDEX])
+        ks, ctas, nbytes = self._plans.get(key) or self.plan(*key)
+        args[KSPLIT_INDEX] = ks
+        args[CTAS_INDEX] = ctas
+        if nbytes:
+            ws = self._alloc(nbytes)
+            args[WORKSPACE_INDEX] = ws.data_ptr()
+            self.inner.launch(args)
+            del ws
+        else:
+            args[WORKSPACE_INDEX] = 0
+            self.inner.launch(args)
+
+
+_FAST_ORDER = ("x", "smooth", "lora_down", "act", "ascales", "lora_act_in", "workspace", "m", "k", "use_smooth",
+               "ksplit", "ctas", "stream")
 if SPEC.arg_names != _FAST_ORDER:  # pragma: no cover - a spec edit must update the fast path too
     raise ImportError(f"quantize_act: fast_args builds {_FAST_ORDER} but the spec's host args are {SPEC.arg_names}")
 STREAM_INDEX = _FAST_ORDER.index("stream")
 KSPLIT_INDEX = _FAST_ORDER.index("ksplit")
+CTAS_INDEX = _FAST_ORDER.index("ctas")
+WORKSPACE_INDEX = _FAST_ORDER.index("workspace")
+_M_INDEX, _K_INDEX = _FAST_ORDER.index("m"), _FAST_ORDER.index("k")
 _fast_consts = None
 
 
@@ -232,5 +364,5 @@ def fast_args(arch: str, x, smooth, lora_down, out_act=None, out_scales=None, ou
     pa, pc = out_act.data_ptr(), out_scales.data_ptr()
     if (pa | pc | pl) & (PTR_ALIGN - 1):
         return None
-    args = [px, ps, pd, pa, pc, pl, m, k, int(smooth is not None), 1, 0]
+    args = [px, ps, pd, pa, pc, pl, 0, m, k, int(smooth is not None), 1, 1, 0]
     return (name, rank, layout), (("m", m), ("k", k)), (out_act, out_scales, out_lora), args

@@ -77,6 +77,10 @@ class OpSpec:
     #: (variant knobs, dims) -> None or the size rule a knob adds to the shape rule (e.g. the images GEMM's
     #: workspace, which its pre-pass indexes with 32-bit offsets).  Selection and the tuning table apply it.
     knob_size_rule: Callable[[Mapping[str, Any], Mapping[str, int]], "str | None"] = lambda knobs, dims: None
+    #: (kernel launcher, manifest entry) -> the launcher the library calls, or None for the kernel launcher
+    #: itself: an op whose launch needs more than its arguments (e.g. ``quantize_act``'s grid from the
+    #: device's resident CTAs, and a per-call workspace) wraps it here.
+    wrap_launcher: "Callable[[Any, Mapping[str, Any]], Any] | None" = None
 
     def __post_init__(self):
         names = [a for a, _ in self.host_args]
