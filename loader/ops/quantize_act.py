@@ -187,8 +187,9 @@ def workspace_bytes(ctas: int, tile_rows: int, rank: int) -> int:
     return workspace_counter_bytes(ctas) + ctas * 2 * tile_rows * rank * 4
 
 
-#: Without LoRA the range form serves from this many row tiles (M >= 256) up: 9-29 % faster than the
-#: cluster split at M = 1024-18432 and equal at M = 256, K = 3072 (H200, docs/PERF.md, session 18)
+#: Without LoRA the range form serves from this many row tiles (M >= 256) up: 2-22 % less time than the best
+#: cluster split at M = 1024-18432; at M = 256 equal to the rule's split at K = 3072 and 19 % less at K = 15360
+#: (H200, docs/PERF.md, session 18)
 RANGE_MIN_TILES_NO_LORA = 16
 #: With LoRA the range form pays only where its split tiles are few against their length: K from this up,
 #: with more tiles than half the resident CTAs but no more than them (M = 4608, K = 12288 / 15360: 3 / 6 %
