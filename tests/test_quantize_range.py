@@ -105,7 +105,8 @@ def test_schedule_bounds():
         rank, sms, res = rng.choice([0, 16, 32, 128]), rng.choice([1, 20, 132, 148]), rng.randrange(0, 9)
         rows, blocked = rng.choice([16, 32]), rng.random() < 0.5
         ks, ctas, ws = qop.schedule(m, k, rank, sms, res, rows, blocked)
-        tiles = -(-(-(-m // 128) * 128 if blocked else m) // rows)
+        rows_total = -(-m // 128) * 128 if blocked else m        # stated here, not taken from qop.tile_count
+        tiles = -(-rows_total // rows)
         if ks > 1:
             assert ctas == tiles * ks and ws == 0
         else:
@@ -169,3 +170,34 @@ def test_launcher_fills_the_schedule(monkeypatch, m, k, rank):
     assert (got[qop.KSPLIT_INDEX], got[qop.CTAS_INDEX]) == (ks, ctas)
     assert got[qop.WORKSPACE_INDEX] == (0x7000_0000 if ws else 0) and allocs == ([ws] if ws else [])
     assert got[:6] == [1, 2, 3, 4, 5, 6] and got[qop.STREAM_INDEX] == 9
+
+
+def test_per_call_workspace(monkeypatch):
+    """Both workspace-taking launchers share `PerCallWorkspace._alloc`: uint8 bytes on the launcher's device
+    ordinal, from torch.empty (the caching allocator), with the allocating function made once."""
+    from svdq_loader.ops import decode_act, workspace
+    calls = []
+
+    class _Torch:
+        uint8 = "u8"
+
+        @staticmethod
+        def device(kind, ordinal):
+            calls.append(("device", kind, ordinal))
+            return f"{kind}:{ordinal}"
+
+        @staticmethod
+        def empty(n, dtype, device):
+            calls.append(("empty", n, dtype, device))
+            return n
+
+    monkeypatch.setattr(workspace, "torch_module", lambda: _Torch)
+    assert issubclass(qop.QuantizeLauncher, workspace.PerCallWorkspace)
+    assert issubclass(decode_act.ImagesLauncher, workspace.PerCallWorkspace)
+
+    class _L(workspace.PerCallWorkspace):
+        device = type("D", (), {"ordinal": 3})()
+
+    ln = _L()
+    assert ln._alloc(100) == 100 and ln._alloc(7) == 7
+    assert calls == [("device", "cuda", 3), ("empty", 100, "u8", "cuda:3"), ("empty", 7, "u8", "cuda:3")]

@@ -48,7 +48,7 @@ def main() -> None:
 
 def grid_for(ln, form: str, m: int, k: int, r: int, ks: int) -> tuple[int, int]:
     """(ksplit, ctas) of grid form `form` (see --ctas) for launcher ln (a QuantizeLauncher)."""
-    tiles = -(-m // ln.tile_rows)
+    tiles = qop.tile_count(m, ln.tile_rows, ln.blocked)
     if form == "auto":
         sms, resident = ln.grid_facts()
         s, ctas, _ = qop.schedule(m, k, r, sms, resident, ln.tile_rows, ln.blocked)
@@ -57,8 +57,7 @@ def grid_for(ln, form: str, m: int, k: int, r: int, ks: int) -> tuple[int, int]:
         return ks, tiles * ks
     if form.endswith("fill"):
         sms, resident = ln.grid_facts()
-        fill = resident * sms * int(form[:-4] or 1)
-        return 1, max(tiles, min(-(-tiles // fill) * fill, tiles * (k // 64)))
+        return 1, qop.range_ctas(tiles, k, resident * sms * int(form[:-4] or 1))
     return 1, max(tiles, int(form))
 
 

@@ -77,7 +77,7 @@ def main() -> int:
     a = ap.parse_args()
     if a.quant_grid == "range":
         def sched(m, k, r, sms, res, rows, blocked):
-            tiles = -(-(-(-m // 128) * 128 if blocked else m) // rows)
+            tiles = qop.tile_count(m, rows, blocked)
             ctas = max(tiles, min(tiles * 3 // 2 + 1, tiles * (k // 64)))
             return 1, ctas, qop.workspace_bytes(ctas, rows, r) if ctas > tiles else 0
         qop.schedule = sched

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from .layouts import SCALE_LAYOUT_BY_ARCH
 from .spec import Feature, OpSpec, distinct_k_coverage, m_k_shape_rule
+from .workspace import PerCallWorkspace
 
 #: The activation tile heights (tile_m) an images GEMM form may have: the image covers whole tiles of each.
 #: 224 exists for the wave count: at M = 4608, N = 3072 its 504 tiles are 3.8 waves on 132 SMs, where 256 rows
@@ -110,13 +111,12 @@ if SPEC.arg_names != _ORDER:  # pragma: no cover - a spec edit must update Image
     raise ImportError(f"decode_act: ImagesLauncher builds {_ORDER} but the spec's host args are {SPEC.arg_names}")
 
 
-class ImagesLauncher:
+class ImagesLauncher(PerCallWorkspace):
     """The launcher of a ``gemm_w4a4`` variant with ``act_source`` images: per call, a workspace from
     torch's caching allocator (on the current stream, which is the stream the library launches on), the
     decode pass into it, then the GEMM with ``act`` = the workspace.  Same interface as `Launcher`.
 
-    The workspace is released when `launch` returns: torch's allocator hands the block out again only
-    to work queued after these two launches on the same stream."""
+    The workspace is released when `launch` returns (`workspace`)."""
 
     def __init__(self, decode, gemm, gemm_arg_names: tuple[str, ...]):
         self.decode, self.gemm = decode, gemm
@@ -125,18 +125,6 @@ class ImagesLauncher:
         self._m, self._k = gemm_arg_names.index("m"), gemm_arg_names.index("k")
         self._stream = gemm_arg_names.index("stream")
         self._act, self._asc = gemm_arg_names.index("act"), gemm_arg_names.index("ascales")
-        self._empty = None
-
-    def _alloc(self, nbytes: int):
-        empty = self._empty
-        if empty is None:
-            from .checks import torch_module
-            torch = torch_module()
-            ordinal = getattr(self.device, "ordinal", 0)
-            dev = torch.device("cuda", ordinal)
-            u8 = torch.uint8
-            empty = self._empty = lambda n: torch.empty(n, dtype=u8, device=dev)
-        return empty(nbytes)
 
     def launch(self, args) -> None:
         m, k = args[self._m], args[self._k]

@@ -14,6 +14,7 @@ import functools
 
 from .layouts import SCALE_LAYOUT_BY_ARCH
 from .spec import PTR_ALIGN, Feature, OpSpec, distinct_k_coverage, m_k_shape_rule
+from .workspace import PerCallWorkspace
 
 
 SPEC = OpSpec(
@@ -173,6 +174,18 @@ def cta_of_unit(u, units, ctas):
     return ((u + 1) * ctas - 1) // units
 
 
+def tile_count(m: int, tile_rows: int, blocked: bool) -> int:
+    """Row tiles of an M-row launch: M (``logical`` scales) or M rounded up to 128 (``blocked``) rows."""
+    rows = -(-m // 128) * 128 if blocked else m
+    return -(-rows // tile_rows)
+
+
+def range_ctas(tiles: int, k: int, fill: int) -> int:
+    """CTAs of a range launch: whole waves of `fill` CTAs, at least one per tile (so a CTA spans at most two
+    tiles), at most one per (tile, 64-k step) unit."""
+    return max(tiles, min(-(-tiles // fill) * fill, tiles * (k // 64)))
+
+
 def workspace_counter_bytes(ctas):
     """Bytes of the workspace's counter words (one 64-bit word per CTA; a split tile counts on its first CTA's
     word), rounded up to 256.  The partial-sum slots follow: slot ``2 b + e`` of CTA b (e = 0: its range's
@@ -213,23 +226,21 @@ def schedule(m: int, k: int, rank: int, sm_count: int, resident: int, tile_rows:
     units, at least one tile's worth (``ctas >= tiles``, which keeps a CTA within two tiles), with a workspace
     where that splits tiles and there are LoRA sums to add.  Else the cluster form: `ksplit_for` CTAs per
     tile (one at 1), ``tiles * ksplit`` CTAs.  Memoised."""
-    rows = -(-m // 128) * 128 if blocked else m
-    tiles = -(-rows // tile_rows)
+    tiles = tile_count(m, tile_rows, blocked)
     fill = max(1, resident) * sm_count
     if range_pays(tiles, k, rank, fill):
-        ctas = max(tiles, min(-(-tiles // fill) * fill, tiles * (k // 64)))
+        ctas = range_ctas(tiles, k, fill)
         return 1, ctas, workspace_bytes(ctas, tile_rows, rank) if ctas > tiles else 0
     s = ksplit_for(m, k, rank, sm_count)
     return s, tiles * s, 0
 
 
-class QuantizeLauncher:
+class QuantizeLauncher(PerCallWorkspace):
     """The launcher of a ``quantize_act`` variant: sizes the grid (`schedule`, from the device's SM count and
     how many of the variant's CTAs an SM holds, asked of the driver once) and, where a range launch splits
-    row tiles over CTAs, takes the workspace its CTAs meet in from torch's caching allocator on the current
-    stream (released when `launch` returns: torch hands it out again only to later work on that stream, and
-    under graph capture it comes from the graph's pool).  The workspace needs no zeroing (the kernel's
-    counters recognise their own words).  Same interface as `Launcher`."""
+    row tiles over CTAs, takes the workspace its CTAs meet in (`workspace`: per call, from torch's caching
+    allocator).  The workspace needs no zeroing (the kernel's counters recognise their own words).  Same
+    interface as `Launcher`."""
 
     def __init__(self, inner, entry):
         self.inner = inner
@@ -241,7 +252,6 @@ class QuantizeLauncher:
         self.threads = 32 * int(kn["warps"])
         self.blocked = kn["scale_layout"] == "blocked"
         self._smem = int(entry.smem_bytes)
-        self._empty = None
         self._plans: dict = {}       # (m, k) -> schedule(...): one dict lookup per call
         # asked once, here: the library makes launchers outside graph capture only (it refuses to load then)
         self._grid = self.grid_facts()
@@ -253,15 +263,6 @@ class QuantizeLauncher:
         sym = next(iter(self.inner.kernels))
         return (driver.device_attribute(driver.MULTIPROCESSOR_COUNT, ordinal),
                 self.device.resident_blocks(sym, self.threads, self._smem))
-
-    def _alloc(self, nbytes: int):
-        empty = self._empty
-        if empty is None:
-            torch = torch_module()
-            dev = torch.device("cuda", getattr(self.device, "ordinal", 0))
-            u8 = torch.uint8
-            empty = self._empty = lambda n: torch.empty(n, dtype=u8, device=dev)
-        return empty(nbytes)
 
     def plan(self, m: int, k: int) -> tuple[int, int, int]:
         """(ksplit, ctas, workspace bytes) of an M x K call on this launcher's device (`schedule`)."""
@@ -282,8 +283,7 @@ class QuantizeLauncher:
             args[WORKSPACE_INDEX] = ws.data_ptr()
             self.inner.launch(args)
             del ws
-        else:
-            args[WORKSPACE_INDEX] = 0
+        else:                      # no tile split: the kernel never reads the workspace pointer
             self.inner.launch(args)
 
 
