@@ -1,8 +1,9 @@
 """What every kernel family reads out of a compiled DSL function (build time only; imports no DSL itself)."""
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any
+from typing import Any, Iterator
 
 from svdq_loader.cubin_info import cubin_info
 
@@ -45,6 +46,43 @@ def cubin_resource_usage(cubin: bytes) -> dict[str, dict[str, int]]:
             for n, k in cubin_info(cubin).kernels.items()}
 
 
+#: Shared memory per SM (bytes) of each target arch: what the DSL asks the CUDA driver for when a kernel states a
+#: minimum of CTAs per SM above one (sm_90 / sm_100 / sm_103: 228 KiB; sm_120 / sm_121: 100 KiB).
+SMEM_PER_SM = {"sm_90a": 228 * 1024, "sm_100a": 228 * 1024, "sm_103a": 228 * 1024,
+               "sm_120a": 100 * 1024, "sm_121a": 100 * 1024}
+
+
+@contextlib.contextmanager
+def target_device_answers(arch: str) -> Iterator[None]:
+    """While tracing for `arch`, the DSL's device-attribute queries are answered from the target's table above, not
+    from a GPU: the build machine has none (the query would fail), and where it has one, that GPU is not the
+    target.  Any attribute the table does not hold is refused by name."""
+    from cutlass.base_dsl.runtime import cuda as cuda_helpers
+
+    smem_attr = cuda_helpers.cuda.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
+    real = cuda_helpers.get_device_attribute
+
+    def answer(attribute, *args, **kwargs):
+        if attribute == smem_attr:
+            return SMEM_PER_SM[arch]
+        raise RuntimeError(f"the DSL asked for device attribute {attribute!r} while cross-compiling for {arch}; "
+                           f"the build has no answer for it (only shared memory per SM)")
+
+    cuda_helpers.get_device_attribute = answer
+    try:
+        yield
+    finally:
+        cuda_helpers.get_device_attribute = real
+
+
+def stack_frame_problem(usage: dict[str, dict[str, int]]) -> str | None:
+    """None, or which kernel has a stack frame (spilled registers or local arrays): no family ships one."""
+    for sym, u in usage.items():
+        if u["stack_frame_bytes"]:
+            return f"kernel {sym} spills: {u['stack_frame_bytes']}-byte stack frame at {u['registers']} registers"
+    return None
+
+
 def compile_named(kernel_cls: Any, instance: Any, args: tuple, name: str, arch: str, dump_dir: str,
                   *, keep_ptx: bool = False) -> tuple[Any, bytes, list[str]]:
     """Trace and cross-compile `instance` (a `kernel_cls` object with ``kernel`` -- or the kernel methods its
@@ -68,7 +106,8 @@ def compile_named(kernel_cls: Any, instance: Any, args: tuple, name: str, arch: 
     with warnings.catch_warnings():
         # epilogues deliberately unroll whole fragments; the DSL warns about slow tracing
         warnings.filterwarnings("ignore", message="This static loop has")
-        compiled = cute.compile(instance, *args, options=options)
+        with target_device_answers(arch):
+            compiled = cute.compile(instance, *args, options=options)
     cubin = read_cubin(compiled, dump_dir, arch)
     symbols = list(compiled.kernel_info)
     for sym in symbols:
@@ -81,15 +120,20 @@ def compile_kernel(kernel_cls: Any, instance: Any, spec: Any, ptr_dtypes: dict[s
                    name: str, arch: str, dump_dir: str, smem_bytes: Any, *, keep_ptx: bool = False):
     """The body every family's ``compile`` shares: placeholder arguments of `spec`'s host function, trace and
     cross-compile `instance` (`compile_named`), and the `CompiledKernel` with registers and stack frames read
-    off the cubin.  `smem_bytes`: the dynamic SMEM the host function requests, or a function of `instance`
-    for what the DSL only knows after tracing."""
+    off the cubin; a kernel with a stack frame (spills) is refused with a RuntimeError naming it.  `smem_bytes`:
+    the dynamic SMEM the host function requests, or a function of `instance` for what the DSL only knows after
+    tracing."""
     from svdq_aot.family import CompiledKernel
 
     args = placeholder_args(spec, ptr_dtypes, default_ptr_dtype)
     compiled, cubin, symbols = compile_named(kernel_cls, instance, args, name, arch, dump_dir, keep_ptx=keep_ptx)
     smem = smem_bytes(instance) if callable(smem_bytes) else smem_bytes
+    usage = cubin_resource_usage(cubin)
+    problem = stack_frame_problem(usage)
+    if problem:             # no family ships a kernel that spills: the build fails (or --keep-going lists it)
+        raise RuntimeError(f"{name}: {problem}")
     return CompiledKernel(cubin=cubin, compiled=compiled, entry=compiled.function_name, kernel_symbols=symbols,
-                          smem_bytes=int(smem), resource_usage=cubin_resource_usage(cubin))
+                          smem_bytes=int(smem), resource_usage=usage)
 
 
 def refuse_invalid(name: str, reason: str | None) -> None:

@@ -241,6 +241,34 @@ def _problem(cfg: _Cfg, arch: str) -> Optional[str]:
     return None
 
 
+#: ``.minnctapersm`` per rank for CTAs of 4 warps with one m-tile each, on the 228 KiB archs (sm_90a, sm_100a,
+#: sm_103a); other warp counts scale it (4 / warps as many CTAs, at least 1).  The hint caps registers at
+#: 65536 / (32 x warps x CTAs), and the range form's grid is whole waves of the CTAs the SMs hold
+#: (svdq_loader.ops.quantize_act.schedule).  H200, M = 4608 and 1024 (docs/PERF.md, session 19):
+#: * ranks 0-32: 1 (it lifts ptxas' own register target: 115 / 140 / 149 registers, 4 / 3 / 3 CTAs).  4 CTAs
+#:   took R = 16 / 32 to 128 registers with no stack frame and the same SASS count, and made them 5-23 % slower
+#:   (best form against best form; likely because the next step's loads get less room ahead of their use);
+#:   R = 0 at 5 CTAs (96 registers) tied;
+#: * rank 48: 3 (168 registers, was 206 and 2 CTAs; 5 % more instructions, 6-19 % faster);
+#: * 0, no hint: rank 64 (ptxas alone takes 165 registers, 3 CTAs; the hint gave 172, and 4 CTAs an 8-byte stack
+#:   frame), rank 96 (near 255 registers, where the hint made ptxas spill more), rank 128 on sm_90a (168
+#:   registers, no stack frame; its SMEM holds one CTA per SM anyway);
+#: * rank 128 on sm_100a / sm_103a: 1 (without it ptxas stops at 168 registers with a 24-byte stack frame; with
+#:   it 206, none).
+_MIN_CTAS_228K = {0: 1, 16: 1, 32: 1, 48: 3, 64: 0, 96: 0, 128: 0}
+_MIN_CTAS_ARCH = {"sm_100a": {128: 1}, "sm_103a": {128: 1}}
+
+
+def min_ctas_per_sm(cfg: _Cfg, arch: str) -> int:
+    """The kernel's ``.minnctapersm`` (0: none).  Two m-tiles per warp, and sm_120a / sm_121a (100 KiB per SM), keep
+    ``1`` below rank 64 -- and on sm_120a / sm_121a also at rank 128, where without it ptxas stopped at 168
+    registers and a 16-byte stack frame (with it 214, none)."""
+    if arch in ("sm_120a", "sm_121a") or cfg.mtiles != 1:
+        return 1 if cfg.rank < 64 or (cfg.rank == 128 and arch in ("sm_120a", "sm_121a")) else 0
+    ctas = _MIN_CTAS_ARCH.get(arch, {}).get(cfg.rank, _MIN_CTAS_228K[cfg.rank])
+    return max(1, ctas * 4 // cfg.warps) if ctas else 0
+
+
 def smem_bytes_for(knobs: dict) -> int:
     return _smem_bytes(_cfg_of(knobs))
 
@@ -610,12 +638,7 @@ class _QuantizeAct:
         self.NS = _x_stages(cfg)
         self.xstage = _x_stage_bytes(cfg)
         self.smem_bytes = _smem_bytes(cfg)
-        # ".minnctapersm 1" lifts ptxas' own register target (without it ptxas spilled a few values at
-        # 96 / 128 registers in some variants); from rank 64 up it is left off: at 96 and 128 the budget is
-        # already near 255 and the hint made it spill more, and at 64 it took 172 registers where 165 keep
-        # three CTAs per SM (sm_90a) -- except rank 128 on sm_120a / sm_121a, where without it ptxas stops
-        # at 168 registers and a 16-byte stack frame (with it: 194, no stack).
-        self.min_ctas = 1 if cfg.rank < 64 or (cfg.rank == 128 and arch in ("sm_120a", "sm_121a")) else 0
+        self.min_ctas = min_ctas_per_sm(cfg, arch)
 
     @cute.jit
     def __call__(self, x: cute.Pointer, smooth: cute.Pointer, lora_down: cute.Pointer, act: cute.Pointer,

@@ -12,7 +12,7 @@ from typing import Optional
 
 from cutlass import Float32, Uint8
 
-from .compiled_output import compile_kernel, cubin_resource_usage, refuse_invalid
+from .compiled_output import compile_kernel, cubin_resource_usage, refuse_invalid, stack_frame_problem
 from .sm90_plan import (DEFAULT_STAGES, DEFAULT_TILE, SMEM_LIMIT_BYTES, TILE_K, _cfg_of, _problem, _smem_plan,
                         is_gemv, k_unroll, ksplit_of, threads_of)
 from .sm90_wgmma_kernel import _OUT_DTYPES, _Sm90Wgmma
@@ -319,8 +319,4 @@ def static_problem(ptx: str, usage: dict, mma: str = "wgmma.mma_async", paired_s
         return f"no {mma} in the PTX (not on the tensor-core path this form is built for)"
     if paired_store and "movmatrix.sync.aligned.m8n8.trans.b16" not in ptx:
         return "no movmatrix.sync.aligned.m8n8.trans.b16 in the PTX (the output store is not the paired store)"
-    for sym, u in usage.items():
-        if u["stack_frame_bytes"]:
-            return (f"kernel {sym} spills: {u['stack_frame_bytes']}-byte stack frame at {u['registers']} "
-                    f"registers")
-    return None
+    return stack_frame_problem(usage)

@@ -37,6 +37,9 @@ CASES = [
     ("sm_103a", "bf16", 32),
     ("sm_120a", "fp16", 32),
     ("sm_121a", "bf16", 0),
+    ("sm_90a", "bf16", 48),          # .minnctapersm 3: the DSL asks for SMEM per SM, answered from the target
+    ("sm_103a", "fp16", 48),
+    ("sm_100a", "fp16", 128),        # .minnctapersm 1: without it a 24-byte stack frame at 168 registers
 ]
 #: (arch, dtype, rank, warps) cases built with other tuning than the default: the 2-warp variants that
 #: configs/flux.yaml builds for sm_120a / sm_121a, at the largest rank (the largest register budget)
@@ -78,6 +81,13 @@ def test_variant(compiled, case):
     assert ck.smem_bytes == fam.smem_bytes_for(_knobs(arch, dt, r))
     ptx = ck.ptx
     assert ptx and ".entry" in ptx
+    # the occupancy the kernel states is the family's table, and its registers fit it
+    want = fam.min_ctas_per_sm(fam._cfg_of(_knobs(arch, dt, r)), arch)
+    got = re.findall(r"\.minnctapersm\s+(\d+)", ptx)
+    assert got == ([str(want)] if want else []), (got, want)
+    threads = fam.threads_for(_knobs(arch, dt, r))
+    for sym, ru in ck.resource_usage.items():
+        assert max(1, want) * threads * ru["registers"] <= 65536, f"{sym}: {ru['registers']} registers x {want} CTAs"
     assert not re.search(r"\bdiv\.(approx|full)", ptx), "approximate division in the PTX"
     assert not re.search(r"\.ftz\.f32|\.ftz\.f16|\.ftz\.bf16", ptx), "fp32/fp16 flush-to-zero in the PTX"
     assert "rcp.approx.f32" not in ptx and "div.full" not in ptx
@@ -215,3 +225,36 @@ def test_reciprocal_buffer_reads_and_writes_are_conflict_free():
         words = [(fam._rs_chunk(t, i) + 4 * j) // 4 for i in range(2) for j in range(4)]
         assert words == list(range(8 * t, 8 * t + 8))          # word w holds k = 2w, 2w + 1
     assert fam._rs_chunk(3, 1) + 16 == fam._RS_BYTES == 4 * 32
+
+
+def test_cross_compile_answers_device_queries_from_the_target():
+    """The DSL's device-attribute query (asked when a kernel wants more than one CTA per SM) is answered from the
+    target arch's table while compiling, refused by name for anything else, and restored afterwards."""
+    from cutlass.base_dsl.runtime import cuda as helpers
+    from svdq_kernels.compiled_output import SMEM_PER_SM, target_device_answers
+
+    smem = helpers.cuda.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
+    other = helpers.cuda.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+    real = helpers.get_device_attribute
+    for arch, want in (("sm_90a", 233472), ("sm_120a", 102400)):
+        with target_device_answers(arch):
+            assert helpers.get_device_attribute(smem) == want == SMEM_PER_SM[arch]
+            with pytest.raises(RuntimeError, match="MULTIPROCESSOR_COUNT.*sm_"):
+                helpers.get_device_attribute(other)
+        assert helpers.get_device_attribute is real
+    with pytest.raises(KeyError):
+        with target_device_answers("sm_80"):
+            helpers.get_device_attribute(smem)
+    assert helpers.get_device_attribute is real
+
+
+def test_a_kernel_with_a_stack_frame_is_refused(monkeypatch, tmp_path):
+    """Every family's compile goes through compile_kernel, which refuses a kernel that spills, naming it."""
+    from svdq_kernels import compiled_output as co
+
+    assert co.stack_frame_problem({"k_0": {"registers": 80, "stack_frame_bytes": 0}}) is None
+    monkeypatch.setattr(co, "cubin_resource_usage",
+                        lambda cubin: {"k_0": {"registers": 168, "stack_frame_bytes": 24}})
+    knobs = _knobs("sm_90a", "bf16", 0)
+    with pytest.raises(RuntimeError, match="k_0 spills: 24-byte stack frame at 168 registers"):
+        fam.compile("sm_90a", knobs, variant_name("quantize_act", "sm_90a", knobs), str(tmp_path))
