@@ -271,7 +271,7 @@ def _synthetic_doc():
     quant = dict(op="quantize_act", m=4608, k=3072, rank=32, dtype="bf16", smooth=True,
                  bytes=bench.quant_bytes(4608, 3072, 32), floor_us=11.9,
                  check=dict(act_bytes_equal=1.0, scales_equal=1.0, lora_rel_err=1e-3),
-                 ours=t(20.0, gbps=2800.0, frac_copy=0.7),
+                 ours=t(20.0, gbps=2800.0, frac_copy=0.7, frac_copy_same=0.6), copy_same=dict(us=12.0, gbps=3050.0),
                  baselines={"eager": t(815.0, gbps=70.0, frac_copy=0.02, speedup=40.75),
                             "compile": t(112.0, gbps=500.0, frac_copy=0.13, speedup=5.6)})
     host = dict(op="gemm_w4a4", size="M=16 K=128 N=128", dtype="bf16", rank=32, us=9.5, min_us=9.1, gpu_us=3.0,
@@ -299,6 +299,7 @@ def test_render_tables_from_synthetic_results():
     assert "cuBLAS bf16 TFLOP/s" in text
     assert "| 4608 | 3072 | 32 | bf16 |" in text and "2800" in text and "70%" in text and "815.0 (40.75×)" in text
     assert "4000 GB/s" in text
+    assert "| 2800 | 70% | 12.0 | 60% |" in text              # the 1 GiB copy's fraction, then the same-size copy's
     assert "torch.matmul [16,128]x[128,128] | 5.00 | 1.90×" in text
     assert "### linear: quantize_act + gemm_w4a4" in text
     assert "| 16 | 3072 | 3072 | 32 | bf16 | 12.8 | 23.6 | 29.9 (0.79×) | 5.0 (4.69×) | ok 3.9e-03 |" in text

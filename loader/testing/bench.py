@@ -16,7 +16,10 @@ eager torch and torch.compile (``svdq_loader.testing.bench_linear``).
 
 quantize_act, for every (M, K): our kernel against the same math in plain torch
 (eager and torch.compile), as GB/s of the bytes it must move, and as a
-fraction of the device-to-device copy bandwidth measured in this run.
+fraction of two copy rates measured in this run: a 1 GiB device-to-device
+copy (the device's sustained rate), and a streaming kernel that moves the
+op's own bytes over as many rotating buffers, timed as the op is (what a
+kernel of that size can reach).
 
 Method: medians of CUDA-event timings after warm-up; each timed sample is a
 CUDA graph of several calls (plain launches in a loop where capture fails)
@@ -465,6 +468,8 @@ def quant_case(lib, m, k, rank, dtype, baselines, st, l2, copy_gbps) -> dict:
     del act, sc, la, r_act, r_sc, r_la
     res["ours"] = _bw(time_calls(ours, ns, st), nbytes, copy_gbps)
     res["floor_us"] = nbytes / (copy_gbps * 1e3) if copy_gbps else None
+    res["copy_same"] = same_size_copy(nbytes, ns, st)
+    res["ours"]["frac_copy_same"] = res["copy_same"]["us"] / res["ours"]["us"]
     base = {}
     for name in baselines:
         if name not in QUANT_BASELINES:
@@ -503,6 +508,22 @@ def copy_bandwidth(st: Settings) -> dict:
     del src, dst
     _free()
     return dict(gbps=2 * nbytes / (t["us"] * 1e3), bytes_moved=2 * nbytes, us=t["us"])
+
+
+def same_size_copy(nbytes: int, n_sets: int, st: Settings) -> dict:
+    """What a streaming kernel that moves `nbytes` (nbytes / 2 read, nbytes / 2 written) takes on this device,
+    cycling over `n_sets` buffer pairs as the op's case cycles over its inputs (so neither is L2-resident).  The
+    kernel is torch's elementwise ``bitwise_not`` on int32 words, timed like the op (CUDA graphs): a plain
+    ``copy_`` would be a memcpy, which a graph turns into a copy-engine node (slower), and which launched
+    directly is bound by the host's dispatch below about 40 MB.  {us, gbps}."""
+    import torch
+    words = max(4, nbytes // 2 // 4)
+    src = [torch.randint(0, 2 ** 31 - 1, (words,), dtype=torch.int32, device="cuda") for _ in range(n_sets)]
+    dst = [torch.empty_like(b) for b in src]
+    t = time_calls(lambda i: torch.bitwise_not(src[i], out=dst[i]), n_sets, st)
+    del src, dst
+    _free()
+    return dict(us=t["us"], gbps=2 * 4 * words / (t["us"] * 1e3), method=t.get("method"))
 
 
 # ---------------------------------------------------------------------------
@@ -645,7 +666,8 @@ def render_tables(doc: dict) -> str:
     if quant:
         cbw = doc.get("copy_bw", {}).get("gbps")
         names = [b for b in QUANT_BASELINES if any(b in r.get("baselines", {}) for r in quant)]
-        head = ["M", "K", "R", "dtype", "MB moved", "floor µs", "ours µs", "ours GB/s", "of copy BW"]
+        head = ["M", "K", "R", "dtype", "MB moved", "floor µs", "ours µs", "ours GB/s", "of copy BW",
+                "same-size copy µs", "of same-size copy"]
         head += [LABELS[b] + " µs (ours×)" for b in names] + ["check act/scales"]
         lines += [f"### quantize_act (device copy bandwidth this run: {_f(cbw, '.0f')} GB/s, read + write)", "",
                   "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -653,7 +675,9 @@ def render_tables(doc: dict) -> str:
             o, chk = r["ours"], r.get("check", {})
             cells = [r["m"], r["k"], r["rank"], r["dtype"], _f(r["bytes"] / 1e6), _f(r.get("floor_us")),
                      _f(o["us"]), _f(o["gbps"], ".0f"), _f(None if o.get("frac_copy") is None
-                                                          else 100 * o["frac_copy"], ".0f") + "%"]
+                                                          else 100 * o["frac_copy"], ".0f") + "%",
+                     _f(r.get("copy_same", {}).get("us")),
+                     _f(None if o.get("frac_copy_same") is None else 100 * o["frac_copy_same"], ".0f") + "%"]
             cells += [_base_cell(r["baselines"].get(b), "us", ".1f") for b in names]
             cells.append(f"{_f(chk.get('act_bytes_equal'), '.4f')}/{_f(chk.get('scales_equal'), '.4f')}")
             lines.append("| " + " | ".join(map(str, cells)) + " |")
