@@ -247,8 +247,9 @@ def _problem(cfg: _Cfg, arch: str) -> Optional[str]:
 #: (svdq_loader.ops.quantize_act.schedule).  H200, M = 4608 and 1024 (docs/PERF.md, session 19):
 #: * ranks 0-32: 1 (it lifts ptxas' own register target: 115 / 140 / 149 registers, 4 / 3 / 3 CTAs).  4 CTAs
 #:   took R = 16 / 32 to 128 registers with no stack frame and the same SASS count, and made them 5-23 % slower
-#:   (best form against best form; likely because the next step's loads get less room ahead of their use);
-#:   R = 0 at 5 CTAs (96 registers) tied;
+#:   (best form against best form): 4 CTAs of 42 KB leave the SM about 60 KB of L1 instead of about 120, and
+#:   x and the lora_down tiles are read through L1 (forced to a 3-CTA carveout, the 128-register build ran as
+#:   fast as the 149-register one); R = 0 at 5 CTAs (96 registers) tied;
 #: * rank 48: 3 (168 registers, was 206 and 2 CTAs; 5 % more instructions, 6-19 % faster);
 #: * 0, no hint: rank 64 (ptxas alone takes 165 registers, 3 CTAs; the hint gave 172, and 4 CTAs an 8-byte stack
 #:   frame), rank 96 (near 255 registers, where the hint made ptxas spill more), rank 128 on sm_90a (168

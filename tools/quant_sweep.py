@@ -1,7 +1,7 @@
 """Time every built quantize_act variant of an artifact set on this GPU (tuning data for docs/PERF.md).
 
     python3 tools/quant_sweep.py ARTIFACTS [--m 4608,1024] [--k 3072,15360] [--ksplit 1,2,4] [--smooth 0,1]
-        [--ranks 0,32] [--ctas tiles,fill,2fill,auto] [--full-check]
+        [--ranks 0,32] [--ctas tiles,fill,2fill,auto] [--carveout -1,100] [--full-check]
 
 Bypasses selection (each variant's launcher is driven directly); checks every
 variant's codes and scales of the first 64 rows against the exact reference
@@ -33,12 +33,16 @@ def main() -> None:
                          "integer, or auto (the loader's own schedule: ksplit and grid)")
     ap.add_argument("--smooth", default="0,1")
     ap.add_argument("--ranks", default="", help="only these ranks (default: every built rank)")
+    ap.add_argument("--carveout", default="-1",
+                    help="the kernel's preferred shared-memory carveout to time at, in percent of the unified "
+                         "L1 / SMEM (-1: the driver's choice, as the loader leaves it; 100: the most SMEM and so the "
+                         "least L1); comma-separated")
     ap.add_argument("--full-check", action="store_true",
                     help="check every row's codes and scales, and lora_act_in, against the torch version")
     a = ap.parse_args()
     copies = 8
-    print("| variant | M | K | R | smooth | ksplit | ctas | µs (median) | GB/s | exact |\n"
-          "|---|---|---|---|---|---|---|---|---|---|")
+    print("| variant | M | K | R | smooth | ksplit | ctas | carveout % | µs (median) | GB/s | exact |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|")
     ranks = {int(r) for r in a.ranks.split(",") if r}
     for art in a.artifacts:
         lib = svdq_loader.load(art)
@@ -86,6 +90,19 @@ def direct_calls(lib, e, m, k, r, ks, copies, smooth_on=True, form="tiles"):
     return ql.inner, xs, sm, ld, calls, (ks, ctas)
 
 
+def set_carveout(ln, percent: int) -> None:
+    """Set the preferred shared-memory carveout (percent; -1 = no preference, the default) of launcher ln's kernels
+    on its device."""
+    from cuda.bindings import driver as cu
+    attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+    dev = cu.CUdevice(ln.device.ordinal)
+    for sym, handle in ln.device.kernels.items():
+        if sym in ln.kernels:
+            err, = cu.cuKernelSetAttribute(attr, percent, handle, dev)
+            if err != cu.CUresult.CUDA_SUCCESS:
+                raise RuntimeError(f"cuKernelSetAttribute(carveout {percent}, {sym}): {err}")
+
+
 def timed_pass(ln, calls) -> float:
     """µs per launch of one back-to-back pass over `calls` (CUDA events around the pass)."""
     t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -103,11 +120,13 @@ def _time_variant(a, art, lib, e, ranks, copies):
     r = e.knobs["rank"]
     if ranks and r not in ranks or e.knobs["dtype"] != "bf16":
         return
-    for mm, k, ks, form in ((int(y), int(x), int(s), f) for y in a.m.split(",") for x in a.k.split(",")
-                            for s in a.ksplit.split(",") for f in a.ctas.split(",")):
+    for mm, k, ks, form, cv in ((int(y), int(x), int(s), f, int(c)) for y in a.m.split(",") for x in a.k.split(",")
+                                for s in a.ksplit.split(",") for f in a.ctas.split(",")
+                                for c in a.carveout.split(",")):
         if form != "tiles" and ks != 1:
             continue                                          # the range forms have no cluster split
         for smooth_on in (bool(int(x)) for x in a.smooth.split(",")):
+            set_carveout(lib._launcher(e.name, 0, False).inner, cv)
             ln, xs, sm, ld, calls, (ks_used, ctas) = direct_calls(lib, e, mm, k, r, ks, copies, smooth_on, form)
             ln.launch(calls[0][3])
             torch.cuda.synchronize()
@@ -125,7 +144,7 @@ def _time_variant(a, art, lib, e, ranks, copies):
             us = statistics.median(timed_pass(ln, calls) for _ in range(20))
             nbytes = mm * k * 2 + mm * k // 2 + mm * k // 16 + mm * r * 2 + k * r * 2 + (k * 2 if smooth_on else 0)
             short = (art.rstrip("/").split("/")[-1] + ":" if len(a.artifacts) > 1 else "") + e.name.split("_sm90a_")[1]
-            print(f"| {short} | {mm} | {k} | {r} | {int(smooth_on)} | {ks_used} | {ctas} | {us:.1f} | "
+            print(f"| {short} | {mm} | {k} | {r} | {int(smooth_on)} | {ks_used} | {ctas} | {cv} | {us:.1f} | "
                   f"{nbytes / us / 1e3:.0f} | {'yes' if exact else 'NO'} |", flush=True)
 
 
