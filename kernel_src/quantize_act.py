@@ -53,8 +53,10 @@ Work decomposition
   x̂ pair words 2j and 2j+1 of one row, under a k permutation (virtual k
   ``{2t, 2t+1, 2t+8, 2t+9}`` of lane t = real k ``16t + 4j + {0..3}``), so no
   register shuffling; the A operand is the step's ``lora_down`` tile [64, R],
-  staged per warp in SMEM with ``cp.async.ca`` (double buffered; co-resident
-  CTAs hit the same tiles in L1), rows stored in the permuted order so that
+  staged per warp in SMEM with ``cp.async.ca`` (double buffered, one step
+  ahead; at rank 64 one buffer, filled after the step's MMAs, which leaves the
+  SM more L1: ``_ONE_LORA_BUFFER_RANKS``; co-resident CTAs hit the same tiles
+  in L1), rows stored in the permuted order so that
   ``ldmatrix.trans`` yields the matching fragments (row pitch 2R + 16 bytes:
   conflict free, for the copies too: ``_srow`` puts the two rows of a
   128-byte line 4 rows apart).  The tile's copy addresses are a
@@ -202,8 +204,22 @@ def _x_stage_bytes(cfg: _Cfg) -> int:
     return 32 * 2 * cfg.mtiles * 2 * 16
 
 
+#: Ranks whose register form stages lora_down in ONE tile buffer per warp: the next step's tile is copied after
+#: this step's MMAs and lands during the next step's code work.  Two buffers hide that copy better, but double the
+#: warp's SMEM, and the SM's L1 (through which x and the tiles are read) shrinks by as much.  H200, docs/PERF.md
+#: session 19: rank 64 (two buffers: 74 KB per CTA, three CTAs leave about 6 KB of L1) 7-11 % faster with one;
+#: rank 32 (42 KB per CTA with two) 14-18 % slower with one, rank 16 (at 4 CTAs per SM) 10-31 %.  The ring form (rank 96) keeps two: its copies
+#: keep the x / tile order (see `_x_stages`).
+_ONE_LORA_BUFFER_RANKS = (64,)
+
+
+def _lora_bufs(cfg: _Cfg) -> int:
+    """lora_down tile buffers per warp (see _ONE_LORA_BUFFER_RANKS)."""
+    return 1 if cfg.rank in _ONE_LORA_BUFFER_RANKS and not _uses_ring(cfg) else 2
+
+
 def _lora_tiles_bytes(cfg: _Cfg) -> int:
-    return 2 * STEP_K * _pitch(cfg.rank) if cfg.rank else 0      # two step tiles (double buffer)
+    return _lora_bufs(cfg) * STEP_K * _pitch(cfg.rank) if cfg.rank else 0
 
 
 def _warp_smem(cfg: _Cfg) -> int:
@@ -639,6 +655,7 @@ class _QuantizeAct:
         self.NS = _x_stages(cfg)
         self.xstage = _x_stage_bytes(cfg)
         self.smem_bytes = _smem_bytes(cfg)
+        self.lbufs = _lora_bufs(cfg)
         self.min_ctas = min_ctas_per_sm(cfg, arch)
 
     @cute.jit
@@ -975,7 +992,7 @@ class _QuantizeAct:
             if smoothing:
                 sm_nxt[0] = _ld_pred_u32(c.smooth.toint() + (Int64(sn) * STEP_K + Int64(2 * lane)) * 2,
                                          c.use_smooth, _ONE_PAIR[dt])
-            if R > 0:
+            if R > 0 and self.lbufs == 2:
                 self._copy_lora(c, (it + 1) % 2, sn)
                 _cp_commit()
 
@@ -1019,9 +1036,10 @@ class _QuantizeAct:
         # ---- LoRA-down MMAs over the staged tile, after the code work: 2-5 % faster at R = 32, M = 4608 than
         #      issuing them first (H200, docs/PERF.md, session 15) -------------------------------------------
         if R > 0:
-            _cp_wait(3 if self.ring else 1)               # L_i (newer: ring: x_i+NS-1, L_i+1, x_i+1; regs: L_i+1)
+            # L_i (newer: ring: x_i+NS-1, L_i+1, x_i+1; registers: L_i+1 with two buffers, none with one)
+            _cp_wait(3 if self.ring else self.lbufs - 1)
             cute.arch.sync_warp()
-            cb = lbuf + (it % 2) * (STEP_K * P)
+            cb = lbuf + (it % 2) * (STEP_K * P) if self.lbufs == 2 else lbuf
             mq = lane // 8
             mv = lane % 8
             # lora_act_in^T[r, row] += lora_down^T[r, k] . x̂[row, k]: A = lora_down^T (ldmatrix.trans),
@@ -1036,6 +1054,12 @@ class _QuantizeAct:
                         d = _mma(dt, c4, a, (xh[q][2 * j], xh[q][2 * j + 1]))
                         for i in range(4):
                             acc[o + i] = d[i]
+            if self.lbufs == 1:
+                # one tile buffer: every lane is past its reads of L_i, then L_i+1 (the warp's next step, clamped:
+                # the last one is re-read, harmlessly) goes in
+                cute.arch.sync_warp()
+                self._copy_lora(c, 0, cutlass.min(s + c.WS, c.s_last))
+                _cp_commit()
 
     def _codes(self, c, s, xh, aws, amax, byte, dec, r, valid):
         """One group's E2M1 codes and scale byte, stored (row r; valid: r < m)."""

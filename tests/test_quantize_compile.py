@@ -258,3 +258,16 @@ def test_a_kernel_with_a_stack_frame_is_refused(monkeypatch, tmp_path):
     knobs = _knobs("sm_90a", "bf16", 0)
     with pytest.raises(RuntimeError, match="k_0 spills: 24-byte stack frame at 168 registers"):
         fam.compile("sm_90a", knobs, variant_name("quantize_act", "sm_90a", knobs), str(tmp_path))
+
+
+def test_lora_down_buffers_per_rank():
+    """Rank 64 stages one lora_down tile per warp (more L1 for three CTAs per SM: docs/PERF.md, session 19); the
+    other register-form ranks two, and the ring form (rank 96) two.  The SMEM a variant asks for follows."""
+    def smem(rank):
+        return fam.smem_bytes_for(_knobs("sm_90a", "bf16", rank))
+    tile = lambda r: 64 * (2 * r + 16)                                       # noqa: E731  one [64, R] tile, padded
+    assert smem(64) == 4 * (128 + tile(64))
+    for r in (16, 32, 48, 128):
+        assert smem(r) == 4 * (128 + 2 * tile(r)), r
+    assert smem(96) > 4 * (128 + 2 * tile(96))                               # two tiles and the x ring
+    assert smem(0) == 4 * 128
