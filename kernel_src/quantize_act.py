@@ -208,8 +208,8 @@ def _x_stage_bytes(cfg: _Cfg) -> int:
 #: this step's MMAs and lands during the next step's code work.  Two buffers hide that copy better, but double the
 #: warp's SMEM, and the SM's L1 (through which x and the tiles are read) shrinks by as much.  H200, docs/PERF.md
 #: session 19: rank 64 (two buffers: 74 KB per CTA, three CTAs leave about 6 KB of L1) 7-11 % faster with one;
-#: rank 32 (42 KB per CTA with two) 14-18 % slower with one, rank 16 (at 4 CTAs per SM) 10-31 %.  The ring form (rank 96) keeps two: its copies
-#: keep the x / tile order (see `_x_stages`).
+#: rank 32 (42 KB per CTA with two) 14-18 % slower with one, rank 16 (at 4 CTAs per SM) 10-31 %.  The ring form
+#: (rank 96) keeps two: its copies keep the x / tile order (see `_x_stages`).
 _ONE_LORA_BUFFER_RANKS = (64,)
 
 
@@ -267,9 +267,9 @@ def _problem(cfg: _Cfg, arch: str) -> Optional[str]:
 #:   x and the lora_down tiles are read through L1 (forced to a 3-CTA carveout, the 128-register build ran as
 #:   fast as the 149-register one); R = 0 at 5 CTAs (96 registers) tied;
 #: * rank 48: 3 (168 registers, was 206 and 2 CTAs; 5 % more instructions, 6-19 % faster);
-#: * 0, no hint: rank 64 (ptxas alone takes 165 registers, 3 CTAs; the hint gave 172, and 4 CTAs an 8-byte stack
-#:   frame), rank 96 (near 255 registers, where the hint made ptxas spill more), rank 128 on sm_90a (168
-#:   registers, no stack frame; its SMEM holds one CTA per SM anyway);
+#: * 0, no hint: rank 64 (ptxas alone takes 164 registers, 3 CTAs; with two lora_down buffers the hint gave 172,
+#:   and 4 CTAs an 8-byte stack frame), rank 96 (near 255 registers, where the hint made ptxas spill more),
+#:   rank 128 on sm_90a (168 registers, no stack frame; its SMEM holds one CTA per SM anyway);
 #: * rank 128 on sm_100a / sm_103a: 1 (without it ptxas stops at 168 registers with a 24-byte stack frame; with
 #:   it 206, none).
 _MIN_CTAS_228K = {0: 1, 16: 1, 32: 1, 48: 3, 64: 0, 96: 0, 128: 0}
