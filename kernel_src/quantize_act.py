@@ -257,33 +257,35 @@ def _problem(cfg: _Cfg, arch: str) -> Optional[str]:
     return None
 
 
-#: ``.minnctapersm`` per rank for CTAs of 4 warps with one m-tile each, on the 228 KiB archs (sm_90a, sm_100a,
-#: sm_103a); other warp counts scale it (4 / warps as many CTAs, at least 1).  The hint caps registers at
-#: 65536 / (32 x warps x CTAs), and the range form's grid is whole waves of the CTAs the SMs hold
-#: (svdq_loader.ops.quantize_act.schedule).  H200, M = 4608 and 1024 (docs/PERF.md, session 19):
-#: * ranks 0-32: 1 (it lifts ptxas' own register target: 115 / 140 / 149 registers, 4 / 3 / 3 CTAs).  4 CTAs
-#:   took R = 16 / 32 to 128 registers with no stack frame and the same SASS count, and made them 5-23 % slower
-#:   (best form against best form): 4 CTAs of 42 KB leave the SM about 60 KB of L1 instead of about 120, and
-#:   x and the lora_down tiles are read through L1 (forced to a 3-CTA carveout, the 128-register build ran as
-#:   fast as the 149-register one); R = 0 at 5 CTAs (96 registers) tied;
+#: ``.minnctapersm`` per arch and rank for CTAs of 4 warps with one m-tile each (0: no hint).  A value above 1 is
+#: an occupancy target and scales with the warps (4 / warps as many CTAs, at least 1); 1 only lifts ptxas' own
+#: register target and stays 1.  Two m-tiles per warp take at most 1.  H200, M = 4608 and 1024 (docs/PERF.md,
+#: session 19):
+#: * ranks 0-32: 1 (115 / 140 / 149 registers, 4 / 3 / 3 CTAs).  4 CTAs took R = 16 / 32 to 128 registers with no
+#:   stack frame and the same SASS count, and made them 5-23 % slower (best form against best form): 4 CTAs of
+#:   42 KB leave the SM about 60 KB of L1 instead of about 120, and x and the lora_down tiles are read through L1
+#:   (forced to a 3-CTA carveout, the 128-register build ran as fast as the 149-register one); R = 0 at 5 CTAs
+#:   (96 registers) tied;
 #: * rank 48: 3 (168 registers, was 206 and 2 CTAs; 5 % more instructions, 6-19 % faster);
-#: * 0, no hint: rank 64 (ptxas alone takes 164 registers, 3 CTAs; with two lora_down buffers the hint gave 172,
-#:   and 4 CTAs an 8-byte stack frame), rank 96 (near 255 registers, where the hint made ptxas spill more),
-#:   rank 128 on sm_90a (168 registers, no stack frame; its SMEM holds one CTA per SM anyway);
+#: * 0: rank 64 (ptxas alone takes 164 registers, 3 CTAs; with two lora_down buffers the hint gave 172, and 4 CTAs
+#:   an 8-byte stack frame), rank 96 (near 255 registers, where the hint made ptxas spill more), rank 128 on sm_90a
+#:   (168 registers, no stack frame; its SMEM holds one CTA per SM anyway);
 #: * rank 128 on sm_100a / sm_103a: 1 (without it ptxas stops at 168 registers with a 24-byte stack frame; with
-#:   it 206, none).
-_MIN_CTAS_228K = {0: 1, 16: 1, 32: 1, 48: 3, 64: 0, 96: 0, 128: 0}
-_MIN_CTAS_ARCH = {"sm_100a": {128: 1}, "sm_103a": {128: 1}}
+#:   it 206, none); on sm_120a / sm_121a (2-warp CTAs, 100 KiB per SM): 1 (without it 168 registers and a
+#:   16-byte stack frame; with it 214, none), and 1 below rank 64 as on sm_90a.
+_MIN_CTAS_SM90 = {0: 1, 16: 1, 32: 1, 48: 3, 64: 0, 96: 0, 128: 0}
+_MIN_CTAS_SM100 = {**_MIN_CTAS_SM90, 128: 1}
+_MIN_CTAS_SM120 = {0: 1, 16: 1, 32: 1, 48: 1, 64: 0, 96: 0, 128: 1}
+_MIN_CTAS = {"sm_90a": _MIN_CTAS_SM90, "sm_100a": _MIN_CTAS_SM100, "sm_103a": _MIN_CTAS_SM100,
+             "sm_120a": _MIN_CTAS_SM120, "sm_121a": _MIN_CTAS_SM120}
 
 
 def min_ctas_per_sm(cfg: _Cfg, arch: str) -> int:
-    """The kernel's ``.minnctapersm`` (0: none).  Two m-tiles per warp, and sm_120a / sm_121a (100 KiB per SM), keep
-    ``1`` below rank 64 -- and on sm_120a / sm_121a also at rank 128, where without it ptxas stopped at 168
-    registers and a 16-byte stack frame (with it 214, none)."""
-    if arch in ("sm_120a", "sm_121a") or cfg.mtiles != 1:
-        return 1 if cfg.rank < 64 or (cfg.rank == 128 and arch in ("sm_120a", "sm_121a")) else 0
-    ctas = _MIN_CTAS_ARCH.get(arch, {}).get(cfg.rank, _MIN_CTAS_228K[cfg.rank])
-    return max(1, ctas * 4 // cfg.warps) if ctas else 0
+    """The kernel's ``.minnctapersm`` (0: none), from `_MIN_CTAS`."""
+    ctas = _MIN_CTAS[arch][cfg.rank]
+    if cfg.mtiles != 1:
+        return min(ctas, 1)
+    return ctas if ctas <= 1 else max(1, ctas * 4 // cfg.warps)
 
 
 def smem_bytes_for(knobs: dict) -> int:

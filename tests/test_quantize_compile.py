@@ -271,3 +271,16 @@ def test_lora_down_buffers_per_rank():
         assert smem(r) == 4 * (128 + 2 * tile(r)), r
     assert smem(96) > 4 * (128 + 2 * tile(96))                               # two tiles and the x ring
     assert smem(0) == 4 * 128
+
+
+def test_min_ctas_per_sm_table():
+    """An occupancy target (> 1) scales with the warps per CTA; the hint 1 (it only lifts ptxas' register target)
+    does not; two m-tiles per warp take at most 1; and each arch has its own exceptions."""
+    def hint(arch, rank, warps=4, mtiles=1):
+        knobs = dict(dtype="bf16", rank=rank, scale_layout=LAYOUT[arch], warps=warps, mtiles=mtiles)
+        return fam.min_ctas_per_sm(fam._cfg_of(knobs), arch)
+    assert [hint("sm_90a", r) for r in (0, 16, 32, 48, 64, 96, 128)] == [1, 1, 1, 3, 0, 0, 0]
+    assert (hint("sm_90a", 48, warps=2), hint("sm_90a", 48, warps=8)) == (6, 1)
+    assert hint("sm_90a", 32, warps=2) == 1 and hint("sm_90a", 48, mtiles=2) == 1
+    assert hint("sm_100a", 128) == hint("sm_103a", 128) == 1
+    assert hint("sm_120a", 128, warps=2) == hint("sm_121a", 48, warps=2) == 1 and hint("sm_120a", 64, warps=2) == 0
