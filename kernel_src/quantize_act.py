@@ -1030,7 +1030,9 @@ class _QuantizeAct:
             bytes2, dec_a, dec_b = _e4m3_pair(sca, scb_)
             for q, byte, dec in ((qa, bytes2 & 0xFF, dec_a), (qb, (bytes2 >> 8) & 0xFF, dec_b)):
                 # a group's code work sits in a branch taken by rows the launch covers: the branch keeps ptxas
-                # from sinking the next step's x loads (issued above, used by the next step) to the loop's end
+                # from sinking the next step's x loads (issued above, used by the next step) to the loop's end.
+                # At ranks 48-96 ptxas then guards the later warp barriers with collective paths; without the
+                # branch it does not, but those ranks ran up to 31 % slower (docs/PERF.md, session 20)
                 cutlass.if_generate(rowv[q] < m_cover,
                                     lambda q=q, byte=byte, dec=dec: self._codes(c, s, xh[q], aws[q], amaxes[q], byte,
                                                                                 dec, rowv[q], valid[q]))

@@ -1,9 +1,10 @@
-"""What the kernel-compile tests (and tools/*_sweep.py) share: finding cuobjdump, reading SASS, the ELF's
-SM number, and compiling a list of GEMM cases once per module."""
+"""What the kernel-compile tests (and tools/*_sweep.py, tools/sass_loops.py) share: finding cuobjdump, reading
+SASS and its loops, the ELF's SM number, and compiling a list of GEMM cases once per module."""
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 
@@ -31,6 +32,59 @@ def dump_sass(cubin_path: str, tool: str | None = None) -> str | None:
         return None
     r = subprocess.run([tool, "--dump-sass", cubin_path], capture_output=True, text=True)
     return r.stdout if r.returncode == 0 and "Function" in r.stdout else None
+
+
+_INSN = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", re.M)
+_BRA = re.compile(r"\bBRA(?:\.\w+)*\s+(?:`\()?0x([0-9a-f]+)")
+_MMA = re.compile(r"\bHG?MMA\.")
+_BRA_DIV = re.compile(r"\bBRA\.DIV\s+\w+\s*,\s*(?:`\()?0x([0-9a-f]+)")
+
+
+def instructions(sass: str) -> list[tuple[int, str]]:
+    """(address, instruction text) of every SASS instruction, in order."""
+    return [(int(a, 16), txt) for a, txt in _INSN.findall(sass)]
+
+
+def divergent_paths(ins: list[tuple[int, str]]) -> set[int]:
+    """Indices of the instructions ptxas placed for a diverged warp: from each ``BRA.DIV`` target to the first
+    unconditional branch after it (the path back).  A converged warp never runs them."""
+    where = {a: i for i, (a, _) in enumerate(ins)}
+    out: set[int] = set()
+    for _, txt in ins:
+        m = _BRA_DIV.search(txt)
+        j = where.get(int(m.group(1), 16)) if m else None
+        while j is not None and j < len(ins):
+            out.add(j)
+            t = ins[j][1]
+            if _BRA.search(t) and not t.startswith("@") and "BRA.DIV" not in t and "BRA.CONV" not in t:
+                break
+            j += 1
+    return out
+
+
+def loops(ins: list[tuple[int, str]]) -> list[dict]:
+    """Every backward branch as a loop (except the return branches of `divergent_paths`): its target and
+    branch addresses, the instructions from one to the other (divergent paths between them left out), and how
+    many of them are HMMA / HGMMA.  Largest first."""
+    where = {a: i for i, (a, _) in enumerate(ins)}
+    skip = divergent_paths(ins)
+    out = []
+    for i, (a, txt) in enumerate(ins):
+        m = _BRA.search(txt)
+        if not m or i in skip:
+            continue
+        target = int(m.group(1), 16)
+        if target > a or target not in where:
+            continue
+        body = [ins[j] for j in range(where[target], i + 1) if j not in skip]
+        out.append(dict(start=target, end=a, instructions=len(body),
+                        hmma=sum(bool(_MMA.search(t)) for _, t in body)))
+    return sorted(out, key=lambda d: (-d["instructions"], d["start"]))
+
+
+def collectives(ins: list[tuple[int, str]]) -> int:
+    """How many WARPSYNC.COLLECTIVE blocks (ptxas' guard for a warp barrier it cannot prove converged)."""
+    return sum("WARPSYNC.COLLECTIVE" in t for _, t in ins)
 
 
 def sass_of_cubin(cubin: bytes, folder) -> str:

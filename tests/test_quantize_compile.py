@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("cutlass")
 
-from kernel_checks import dump_sass, elf_sm  # noqa: E402
+from kernel_checks import collectives, dump_sass, elf_sm, instructions, loops  # noqa: E402
 from svdq_aot.family import check_family  # noqa: E402
 from svdq_kernels import quantize_act as fam  # noqa: E402
 from svdq_loader.cubin_info import cubin_info  # noqa: E402
@@ -41,6 +41,10 @@ CASES = [
     ("sm_103a", "fp16", 48),
     ("sm_100a", "fp16", 128),        # .minnctapersm 1: without it a 24-byte stack frame at 168 registers
 ]
+#: sm_90a ranks held to a step loop without collective warp-sync paths (see test_variant); ranks 48, 64 and 96
+#: carry such paths (for a diverged warp; their step loops are single blocks too) after the per-row code branch (without that branch they have none, but run up to
+#: 31 % slower: ptxas then sinks the next step's x loads; docs/PERF.md, sessions 5 and 20)
+_ONE_BLOCK_LOOP_RANKS = (0, 16, 32, 128)
 #: (arch, dtype, rank, warps) cases built with other tuning than the default: the 2-warp variants that
 #: configs/flux.yaml builds for sm_120a / sm_121a, at the largest rank (the largest register budget)
 TUNED_CASES = [("sm_120a", "bf16", 128, 2), ("sm_121a", "fp16", 128, 2)]
@@ -117,6 +121,15 @@ def test_variant(compiled, case):
     else:
         # x is prefetched one step ahead into registers: 16-byte non-coherent loads
         assert re.search(r"LDG\.E\.[A-Z.]*128", sass), "x is not loaded in 16-byte chunks"
+    if arch == "sm_90a" and r in _ONE_BLOCK_LOOP_RANKS:
+        # the step loop is one block of SASS holding the step's LoRA MMAs (4 k16 blocks x R/16 x two 8-row
+        # halves), and no warp barrier needs ptxas' collective path for a diverged warp (docs/PERF.md, session
+        # 20: an edit that brought 18 of them came with a longer step loop, 458 instead of 422 instructions, and
+        # a kernel 4-26 % slower even in the forms that never ran the edited code)
+        ins = instructions(sass)
+        assert collectives(ins) == 0, f"{collectives(ins)} WARPSYNC.COLLECTIVE blocks"
+        big = loops(ins)[0]
+        assert big["instructions"] <= 600 and big["hmma"] == 8 * (r // 16), big
 
 
 @pytest.mark.parametrize("case", TUNED_CASES, ids=[f"{a}-{d}-r{r}-w{w}" for a, d, r, w in TUNED_CASES])
@@ -284,3 +297,33 @@ def test_min_ctas_per_sm_table():
     assert hint("sm_90a", 32, warps=2) == 1 and hint("sm_90a", 48, mtiles=2) == 1
     assert hint("sm_100a", 128) == hint("sm_103a", 128) == 1
     assert hint("sm_120a", 128, warps=2) == hint("sm_121a", 48, warps=2) == 1 and hint("sm_120a", 64, warps=2) == 0
+
+
+def test_sass_loop_reader_on_a_hand_written_listing():
+    """The loop / collective reader behind the step-loop check, on a listing in cuobjdump's format: a forward
+    branch is no loop, a backward one is, predicated and .reuse HMMAs count, HGMMA too; the copy ptxas keeps for
+    a diverged warp (from a BRA.DIV target to its unconditional branch back) is neither a loop nor loop body."""
+    sass = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;                        /* 0x00000a0000017a02 */
+        /*0010*/               @P0 BRA 0x60 ;                                     /* 0x0000000000500947 */
+        /*0020*/                   HMMA.16816.F32.BF16 R4, R8.reuse, R12, R4 ;    /* 0x0000000c0804723c */
+        /*0030*/               @P1 HMMA.16816.F32.BF16 R4, R8, R14, R4 ;          /* 0x0000000e0804723c */
+        /*0040*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24 ; /* 0x0000000000187df0 */
+        /*0050*/               @P2 BRA 0x20 ;                                     /* 0x0000000000c82947 */
+        /*0060*/                   BRA.DIV UR4, 0xb0 ;                            /* 0x0000000604007947 */
+        /*0070*/                   WARPSYNC 0xffffffff ;                          /* 0x0000000000007948 */
+        /*0080*/                   IADD3 R1, R1, 0x1, RZ ;                        /* 0x0000000101017810 */
+        /*0090*/               @P3 BRA 0x0 ;                                      /* 0x0000000000007947 */
+        /*00a0*/                   EXIT ;                                         /* 0x000000000000794d */
+        /*00b0*/                   WARPSYNC.COLLECTIVE R90, 0xe0 ;                /* 0x0000000000007948 */
+        /*00c0*/                   NOP ;                                          /* 0x0000000000007918 */
+        /*00d0*/                   ENDCOLLECTIVE ;                                /* 0x0000000000007918 */
+        /*00e0*/                   BRA 0x20 ;                                     /* 0x0000000000007947 */
+    """
+    ins = instructions(sass)
+    assert [a for a, _ in ins] == list(range(0, 0xf0, 0x10))
+    got = loops(ins)
+    assert [(d["start"], d["end"], d["instructions"], d["hmma"]) for d in got] == [(0x0, 0x90, 10, 3),
+                                                                                 (0x20, 0x50, 4, 3)]
+    assert collectives(ins) == 1
+    assert collectives(instructions(sass.replace("WARPSYNC.COLLECTIVE", "WARPSYNC"))) == 0
