@@ -264,7 +264,7 @@ class _Sm90Wgmma:
         num_kt, kw, mActW, mAscH, mWq, mWs = self._gmem_views(p_act, p_asc, p_wgt, p_wsc, m, n, k)
 
         # ---- SMEM ---------------------------------------------------------------
-        smem = cutlass.utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         base = smem.allocate(self.smem_bytes, byte_alignment=1024)
         sA = self._stages(base)
 
@@ -363,7 +363,7 @@ class _Sm90Wgmma:
         wg = cute.arch.make_warp_uniform(tidx // 128)
 
         num_kt, kw, mActW, mAscH, mWq, mWs = self._gmem_views(p_act, p_asc, p_wgt, p_wsc, m, n, k)
-        smem = cutlass.utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         base = smem.allocate(self.smem_bytes, byte_alignment=1024)
         sA = self._stages(base)
         bars = cute.recast_ptr(base + self.plan["bar_offset"], dtype=Int64)      # full[0..S), empty[0..S)

@@ -5,7 +5,7 @@ import cuda.bindings.driver as cuda
 
 import cutlass
 import cutlass.cute as cute
-import cutlass.utils as utils
+from cutlass.tensor_utils import LayoutEnum
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync
 
@@ -44,8 +44,8 @@ def host(
     mA = cute.make_tensor(a, cute.make_layout((m, k, 1), stride=(k, 1, m * k)))
     mB = cute.make_tensor(b, cute.make_layout((n, k, 1), stride=(k, 1, n * k)))
     mC = cute.make_tensor(c, cute.make_layout((m, n, 1), stride=(n, 1, m * n)))
-    sa = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, TILE, cutlass.Float16, 2)
-    sb = sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, TILE, cutlass.Float16, 2)
+    sa = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, TILE, cutlass.Float16, 2)
+    sb = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, TILE, cutlass.Float16, 2)
     atom_a, tA = cpasync.make_tiled_tma_atom(
         cpasync.CopyBulkTensorTileG2SOp(), mA, cute.slice_(sa, (None, None, 0)), (TILE[0], TILE[2])
     )
