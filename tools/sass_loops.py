@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from kernel_checks import collectives, cuobjdump, instructions, loops  # noqa: E402
 
+
 def resources(tool: str, path: str) -> dict:
     txt = subprocess.run([tool, "-res-usage", path], capture_output=True, text=True).stdout
     got = {k.lower(): int(v) for k, v in re.findall(r"\b(REG|STACK):(\d+)", txt)}
@@ -58,6 +59,9 @@ def main(argv=None) -> int:
         for name in sorted(os.listdir(folder)):
             if name.endswith(".cubin") and a.match in name:
                 rows.append(dict(folder=folder, **report(tool, os.path.join(folder, name), a.top)))
+    if not rows:
+        print(f"no cubin in {', '.join(a.artifacts)} has {a.match!r} in its name", file=sys.stderr)
+        return 1
     if a.json:
         print(json.dumps(rows, indent=1))
         return 0
