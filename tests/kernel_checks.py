@@ -56,7 +56,7 @@ def divergent_paths(ins: list[tuple[int, str]]) -> set[int]:
         while j is not None and j < len(ins):
             out.add(j)
             t = ins[j][1]
-            if _BRA.search(t) and not t.startswith("@") and "BRA.DIV" not in t and "BRA.CONV" not in t:
+            if _BRA.search(t) and not t.startswith("@"):     # (BRA.DIV / BRA.CONV name a register: no match)
                 break
             j += 1
     return out

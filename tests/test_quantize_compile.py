@@ -41,9 +41,10 @@ CASES = [
     ("sm_103a", "fp16", 48),
     ("sm_100a", "fp16", 128),        # .minnctapersm 1: without it a 24-byte stack frame at 168 registers
 ]
-#: sm_90a ranks held to a step loop without collective warp-sync paths (see test_variant); ranks 48, 64 and 96
-#: carry such paths (for a diverged warp; their step loops are single blocks too) after the per-row code branch (without that branch they have none, but run up to
-#: 31 % slower: ptxas then sinks the next step's x loads; docs/PERF.md, sessions 5 and 20)
+#: sm_90a ranks held to a step loop without collective warp-sync paths (see test_variant).  Ranks 48, 64 and 96
+#: carry such paths (for a diverged warp; their step loops are single blocks too) after the per-row code branch:
+#: without that branch they have none, but run up to 31 % slower, as ptxas then sinks the next step's x loads
+#: (docs/PERF.md, sessions 5 and 20)
 _ONE_BLOCK_LOOP_RANKS = (0, 16, 32, 128)
 #: (arch, dtype, rank, warps) cases built with other tuning than the default: the 2-warp variants that
 #: configs/flux.yaml builds for sm_120a / sm_121a, at the largest rank (the largest register budget)

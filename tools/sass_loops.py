@@ -3,7 +3,7 @@ warp-synchronisation fallbacks ptxas inserted.
 
     python3 tools/sass_loops.py ARTIFACTS [ARTIFACTS ...] [--match quantize] [--top 4] [--json]
 
-For each cubin whose name contains --match: registers and stack frame (``cuobjdump -res-usage``), the SASS
+For each cubin whose name contains --match: registers and stack frame (from its .nv.info), the SASS
 instruction count, the --top largest loops (a backward branch and its target: the instructions a converged warp
 runs between them, and how many are HMMA / HGMMA), and how many ``WARPSYNC.COLLECTIVE`` blocks the kernel holds.
 ptxas emits those where it cannot prove a warp converged at a warp-level barrier (``bar.warp.sync``,
@@ -18,25 +18,26 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
 from kernel_checks import collectives, cuobjdump, instructions, loops  # noqa: E402
+from svdq_loader.cubin_info import cubin_info  # noqa: E402
 
 
-def resources(tool: str, path: str) -> dict:
-    txt = subprocess.run([tool, "-res-usage", path], capture_output=True, text=True).stdout
-    got = {k.lower(): int(v) for k, v in re.findall(r"\b(REG|STACK):(\d+)", txt)}
-    return dict(registers=got.get("reg"), stack=got.get("stack"))
+def resources(path: str) -> dict:
+    """Registers and stack frame of the cubin's (first) kernel, from its .nv.info (the loader's own reader)."""
+    with open(path, "rb") as f:
+        k = next(iter(cubin_info(f.read()).kernels.values()))
+    return dict(registers=k.regcount, stack=k.frame_size or 0)
 
 
 def report(tool: str, path: str, top: int) -> dict:
     sass = subprocess.run([tool, "-sass", path], capture_output=True, text=True).stdout
     ins = instructions(sass)
-    return dict(cubin=os.path.basename(path), **resources(tool, path), sass=len(ins),
+    return dict(cubin=os.path.basename(path), **resources(path), sass=len(ins),
                 collectives=collectives(ins), loops=loops(ins)[:top])
 
 
