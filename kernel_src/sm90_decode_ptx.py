@@ -2,9 +2,24 @@
 fp32 moves of its split-K reduction, the bulk copy of pre-decoded stage images (build time only, CuTe-DSL)."""
 from __future__ import annotations
 
+import os
+
 from cutlass import Float32, Int32, Int64
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
+
+from svdq_loader.ops.sm90_weight_format import PAIR_DECODES
+
+#: The weight decode form the kernels are built with (`sm90_weight_format.PAIR_DECODES`): ``shift``, the one
+#: that ran on the H200 and ships, or ``mul``, chosen for an experiment build with
+#: ``SVDQ_KERNEL_SM90_WDECODE=mul`` (like every ``SVDQ_KERNEL_*`` switch, it enters the build cache key).  The
+#: ``mul`` build also converts each k-block's weight scales from their 16-bit half of the scale word without
+#: extracting it (`weight_scales_x128`).  Both are exact; ``mul`` has not run on a GPU yet (docs/PERF.md,
+#: session 21).
+WDECODE = os.environ.get("SVDQ_KERNEL_SM90_WDECODE", "shift")
+if WDECODE not in PAIR_DECODES:
+    raise ValueError(f"SVDQ_KERNEL_SM90_WDECODE={WDECODE!r}: the sm_90a weight decode form must be one of "
+                     f"{', '.join(sorted(PAIR_DECODES))}")
 
 #: 2^7 as fp16x2 (both operands are decoded times 2^-14 and scaled by 2^7: exact, no fp16 overflow)
 _F16X2_128 = 0x58005800
@@ -26,6 +41,33 @@ def _scales_x128(two_e4m3, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def _scales_x128_half(word, half: int, *, loc=None, ip=None):
+    """The two E4M3 bytes of 16-bit half `half` of `word` -> fp16x2 of (scale · 2^7), exact."""
+    return _asm(None, [word],
+                "{\n\t.reg .b16 l, h;\n\t.reg .b32 c;\n\tmov.b32 {l, h}, $1;\n\t"
+                "cvt.rn.f16x2.e4m3x2 $0, %s;\n\tmov.b32 c, %d;\n\tmul.rn.f16x2 $0, $0, c;\n\t}"
+                % ("h" if half else "l", _F16X2_128), "=r,r")
+
+
+@dsl_user_op
+def _scales_x128_half(word, half: int, *, loc=None, ip=None):
+    """The two E4M3 bytes in 16-bit half `half` of `word` -> fp16x2 of (scale · 2^7), exact; the half is a
+    register operand of the conversion, so no shift or mask extracts it."""
+    return _asm(None, [word],
+                "{\n\t.reg .b16 l, h;\n\t.reg .b32 c;\n\tmov.b32 {l, h}, $1;\n\t"
+                "cvt.rn.f16x2.e4m3x2 $0, %s;\n\tmov.b32 c, %d;\n\tmul.rn.f16x2 $0, $0, c;\n\t}"
+                % ("h" if half else "l", _F16X2_128), "=r,r")
+
+
+def weight_scales_x128(word, half: int):
+    """The weight scales of one k-block (16-bit half `half` of a word of the sm90 scale format) -> fp16x2 of
+    (scale · 2^7).  The ``mul`` build converts the half in place; the shipped ``shift`` build extracts it first."""
+    if WDECODE == "shift":
+        return _scales_x128((word >> (16 * half)) & 0xFFFF)
+    return _scales_x128_half(word, half)
+
+
+@dsl_user_op
 def _bcast(pair, hi: int, *, loc=None, ip=None):
     """fp16x2 {a, b} -> {a, a} (hi=0) or {b, b} (hi=1)."""
     pick = "{l, l}" if hi == 0 else "{h, h}"
@@ -33,14 +75,31 @@ def _bcast(pair, hi: int, *, loc=None, ip=None):
                 "=r,r")
 
 
+def wdecode_ptx(p: int, form: str) -> str:
+    """The PTX of `_wdecode` for pair p: the terms of `PAIR_DECODES[form][p]` in registers a, b, then the scale
+    multiply ($1 = word, $2 = broadcast scale, $0 = fp16x2)."""
+    lines = [".reg .b32 a, b;"]
+    terms = PAIR_DECODES[form][p]
+    for reg, (pre, mult, post) in zip("ab", terms):
+        src = "$1"
+        if pre is not None:
+            lines.append(f"and.b32 {reg}, $1, 0x{pre:08X};")
+            src = reg
+        if mult & (mult - 1) == 0:
+            lines.append(f"shl.b32 {reg}, {src}, {mult.bit_length() - 1};")
+        else:
+            lines.append(f"mul.lo.u32 {reg}, {src}, {mult};")
+        lines.append(f"and.b32 {reg}, {reg}, 0x{post:08X};")
+    if len(terms) == 2:
+        lines.append("or.b32 a, a, b;")
+    lines.append("mul.rn.f16x2 $0, a, $2;")
+    return "{\n\t" + "\n\t".join(lines) + "\n\t}"
+
+
 @dsl_user_op
 def _wdecode(word, scale2, p: int, *, loc=None, ip=None):
     """Pair p of a fragment word (sm90 weight format) times the broadcast scale -> fp16x2."""
-    return _asm(None, [word, scale2],
-                "{\n\t.reg .b32 a, b;\n\tshl.b32 a, $1, %d;\n\tand.b32 a, a, 0x0E000E00;\n\t"
-                "shl.b32 b, $1, %d;\n\tand.b32 b, b, 0x80008000;\n\tor.b32 a, a, b;\n\t"
-                "mul.rn.f16x2 $0, a, $2;\n\t}" % (9 - 3 * p, 3 - p),
-                "=r,r,r")
+    return _asm(None, [word, scale2], wdecode_ptx(p, WDECODE), "=r,r,r")
 
 
 @dsl_user_op

@@ -49,7 +49,8 @@ from cutlass import Float32, Int32, Int64
 from .quantize_act import (_asm, _cp_async4 as _cp4, _cp_async16_cg as _cp16, _cp_commit, _cp_wait, _lds_u32, _lds_v4,
                            _mma)
 from .sm90_plan import GEMV_CHUNK, gemv_layout
-from .sm90_decode_ptx import _adecode_prmt, _bcast, _byte_form, _ld_cluster_v4f, _scales_x128, _sts_v4f, _wdecode
+from .sm90_decode_ptx import (_adecode_prmt, _bcast, _byte_form, _ld_cluster_v4f, _scales_x128, _sts_v4f, _wdecode,
+                              weight_scales_x128)
 from .sm90_epilogue_ptx import pair_blocks, store_yt_pairs
 
 PHASE_K = 128          # k per activation phase (two 64-k k-tiles)
@@ -455,8 +456,7 @@ class _Sm90Gemv:
     def _decode_w(self, wv, sv, afr, at):
         """One k-tile's weight words and scale bytes -> its 16 A fragment registers afr[at .. at+16) (exact fp16)."""
         for kb in range(4):
-            pair = (sv[kb // 2] >> (16 * (kb % 2))) & 0xFFFF
-            s2 = _scales_x128(pair)
+            s2 = weight_scales_x128(sv[kb // 2], kb % 2)
             sbc = (_bcast(s2, 0), _bcast(s2, 1))
             for p in range(4):
                 afr[at + 4 * kb + p] = _wdecode(wv[kb], sbc[p % 2], p)

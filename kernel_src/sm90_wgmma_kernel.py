@@ -88,7 +88,7 @@ except ImportError:  # older DSL
 
 from .sm90_decode_act import image_rows_dsl
 from .sm90_decode_ptx import (_adecode, _adecode_prmt, _bcast, _bulk_g2s, _byte_form, _ld_cluster_v4f, _scales_x128,
-                              _sts_v4f, _wdecode)
+                              _sts_v4f, _wdecode, weight_scales_x128)
 from .sm90_epilogue_ptx import pair_blocks, store_yt_pairs
 from .sm90_plan import (TILE_K, THREADS, WS_CONSUMER_REGS, WS_PRODUCER_REGS, _Cfg, _lora_chunk, _problem,
                         _smem_plan, is_ws, k_unroll, ksplit_of, ring_slot, split_k_share, threads_of)
@@ -243,8 +243,7 @@ class _Sm90Wgmma:
     def _decode_w(self, fragw, wraw, wsc):
         for a in range(self.atoms):
             for j in range(4):
-                pair = (wsc[a][j // 2] >> (16 * (j % 2))) & 0xFFFF
-                s2 = _scales_x128(pair)
+                s2 = weight_scales_x128(wsc[a][j // 2], j % 2)
                 sb = (_bcast(s2, 0), _bcast(s2, 1))
                 for p in range(4):
                     fragw[p + 4 * a + 4 * self.atoms * j] = _wdecode(wraw[a][j], sb[p % 2], p)

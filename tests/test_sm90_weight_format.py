@@ -51,7 +51,8 @@ def test_round_trip_is_a_bijection_and_keeps_the_byte_count():
     assert not torch.equal(fmt.to_frag(wgt, ws)[0], wf)
 
 
-def test_kernel_decode_of_the_fragment_format_is_exact():
+@pytest.mark.parametrize("form", sorted(fmt.PAIR_DECODES))
+def test_kernel_decode_of_the_fragment_format_is_exact(form):
     n, k = 128, 192
     wgt, ws = _random_weight(n, k, seed=2)
     want = ref.dequantize_nvfp4(wgt.numpy(), ws.view(torch.uint8).numpy())       # float64 [N, K]
@@ -63,8 +64,8 @@ def test_kernel_decode_of_the_fragment_format_is_exact():
     t = torch.arange(128)
     warp, lane = t // 32, t % 32
     for p in range(4):
-        # the kernel: (w << (9 - 3p)) & 0x0E000E00 | (w << (3 - p)) & 0x80008000, then x (scale·2^7)
-        x = ((words << (9 - 3 * p)) & 0x0E000E00) | ((words << (3 - p)) & 0x80008000)
+        # the kernel: the form's terms give fp16 bits e2m1 · 2^-14 in each half, then x (scale·2^7)
+        x = fmt.decode_pair_bits(words, p, form)
         sc = sb[:, :, (warp * 8 + lane // 4), :, p % 2]                             # [nb, kb, t, j]
         lo = _scaled(x & 0xFFFF, sc)
         hi = _scaled((x >> 16) & 0xFFFF, sc)
@@ -77,6 +78,38 @@ def test_kernel_decode_of_the_fragment_format_is_exact():
                     got[nb * 64 + rows, kb * 64 + cols + 1] = hi[nb, kb, :, j].numpy()
     assert not np.isnan(got).any()
     np.testing.assert_array_equal(got, want)
+
+
+def _direct_pair_bits(words, p):
+    """Pair p's fp16x2 bits from the field layout itself (magnitude at bits 9-11, sign at 15, per half)."""
+    out = 0
+    for h in range(2):
+        mag = (words >> (16 * h + 3 * p)) & 7
+        sgn = (words >> (12 + 16 * h + p)) & 1
+        out = out | (mag << (16 * h + 9)) | (sgn << (16 * h + 15))
+    return out
+
+
+@pytest.mark.parametrize("form", sorted(fmt.PAIR_DECODES))
+def test_every_decode_form_gives_each_pair_exactly_its_own_bits(form):
+    """Every value of a pair's eight bits, beside the other 24 bits all clear, all set and random: the multiply
+    form's shifted copies must not carry into the pair's bits, whatever the word holds."""
+    pair_vals = torch.arange(256, dtype=torch.int64)
+    g = torch.Generator().manual_seed(11)
+    for p in range(4):
+        fm = fmt.field_mask(p)
+        assert bin(fm).count("1") == 8
+        bits = [b for b in range(32) if fm >> b & 1]
+        pair = torch.zeros(256, dtype=torch.int64)
+        for i, b in enumerate(bits):
+            pair |= ((pair_vals >> i) & 1) << b
+        fills = [torch.zeros(256, dtype=torch.int64), torch.full((256,), 0xFFFFFFFF, dtype=torch.int64)]
+        fills += [torch.randint(0, 1 << 32, (256,), dtype=torch.int64, generator=g) for _ in range(8)]
+        for fill in fills:
+            words = pair | (fill & ~fm & 0xFFFFFFFF)
+            got = fmt.decode_pair_bits(words, p, form)
+            assert torch.equal(got, _direct_pair_bits(words, p)), (form, p)
+            assert int((got & ~fmt.PAIR_BITS & 0xFFFFFFFF).max()) == 0
 
 
 def test_kernel_decode_of_logical_activations_is_exact():

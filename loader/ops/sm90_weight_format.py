@@ -13,8 +13,9 @@ eight E4M3 scales it needs (the four threads of a quad load the same 8 bytes):
     ``k0 + 8·(p//2)`` and the next k).  Of pair ``p``, the even-k value's magnitude bits (E2M1
     bits 0-2) sit at word bits ``3p .. 3p+2`` and its sign at bit ``12+p``; the odd-k value's
     magnitude at ``16+3p ..`` and its sign at ``28+p``.  The kernel turns pair ``p`` into
-    fp16 bit patterns with two shifts and two masks: ``(w << (9-3p)) & 0x0E000E00 |
-    (w << (3-p)) & 0x80008000`` is ``e2m1 · 2^-14`` in each half, exactly.
+    fp16 bit patterns that are ``e2m1 · 2^-14`` in each half, exactly, by one of the
+    `PAIR_DECODES` forms: ``shift`` (two shifts, two masks: ``(w << (9-3p)) & 0x0E000E00 |
+    (w << (3-p)) & 0x80008000``) or ``mul`` (one multiply places both shifted copies at once).
 ``wsc_frag``  uint8 ``[N/64, K/64, 32, 8]``: for quad ``q = 8·warp + lane//4`` (rows r0, r1)
     the bytes ``[s(r0,0), s(r1,0), s(r0,1), s(r1,1), ..., s(r1,3)]`` (``s(r, j)`` = E4M3 scale of
     row r, k-block j), so one ``cvt.f16x2.e4m3x2`` gives the scales of k-block j for both rows.
@@ -30,6 +31,49 @@ from .checks import torch_module
 FRAG_ROWS = 64   # W rows per fragment block (one wgmma M atom)
 FRAG_K = 64      # k per fragment block (four 16-k wgmma steps)
 NAME = "sm90_frag"
+
+#: The fp16x2 bits a decoded pair may set: each half's sign (bit 15) and E2M1 magnitude (bits 9-11).
+PAIR_BITS = 0x8E008E00
+
+
+def field_mask(p: int) -> int:
+    """The word bits of pair p: both values' magnitudes and signs."""
+    return (7 << 3 * p) | (7 << (16 + 3 * p)) | (1 << (12 + p)) | (1 << (28 + p))
+
+
+def _shift_terms(p: int):
+    return ((None, 1 << (9 - 3 * p), 0x0E000E00), (None, 1 << (3 - p), 0x80008000))
+
+
+#: How the kernel turns pair p of a word into fp16x2 bit patterns (``e2m1 · 2^-14`` in each half), per decode
+#: form: the OR over terms ``(pre, mult, post)`` of ``((w & pre) · mult mod 2^32) & post`` (``pre`` None: no
+#: mask; a power-of-two ``mult`` is a shift).  The kernel's PTX is written from these terms and the CPU tests
+#: replay them, so both read one statement.
+#:
+#: * ``shift``: two shifts and two masks per pair (four integer instructions; pair 3's shifts are by 0).
+#: * ``mul``: pairs 0 and 1 mask their eight bits, then one multiply by 2^a + 2^b puts a copy shifted by a (the
+#:   magnitudes' shift) and one shifted by b (the signs') in one word.  The copies' other bits land outside
+#:   `PAIR_BITS` and never overlap a bit of the other copy below it, so no carry reaches `PAIR_BITS`
+#:   (`tests/test_sm90_weight_format.py` checks every value).  Pair 3 is already in place (one mask).  Pair 2's
+#:   two shifts differ by 2, less than the magnitude's 3 bits, so its copies would overlap: it keeps the shift
+#:   form.  11 integer instructions per word instead of 14.
+PAIR_DECODES = {
+    "shift": {p: _shift_terms(p) for p in range(4)},
+    "mul": {0: ((field_mask(0), (1 << 9) + (1 << 3), PAIR_BITS),),
+            1: ((field_mask(1), (1 << 6) + (1 << 2), PAIR_BITS),),
+            2: _shift_terms(2),
+            3: ((None, 1, PAIR_BITS),)},
+}
+
+
+def decode_pair_bits(words, p: int, form: str = "shift"):
+    """The fp16x2 bit patterns of pair p of `words` (ints, or int64 tensors / arrays of 32-bit words), computed
+    with the kernel's own terms for `form` (`PAIR_DECODES`)."""
+    out = 0
+    for pre, mult, post in PAIR_DECODES[form][p]:
+        x = words if pre is None else words & pre
+        out = out | (((x * mult) & 0xFFFFFFFF) & post)
+    return out
 
 
 def _nibble_order():
