@@ -1,13 +1,15 @@
 """Time every built sm_90a gemm_w4a4 variant of an artifact set on this GPU, beside cuBLAS bf16 in the
 same run (tuning data for docs/PERF.md and the selection rules).
 
-    python3 tools/sm90_sweep.py ARTIFACTS [--m 256,1024,4608] [--kn 3072x3072,3072x12288,12288x3072]
+    python3 tools/sm90_sweep.py ARTIFACTS [ARTIFACTS ...] [--m 256,1024,4608] [--kn 3072x3072,3072x12288,12288x3072]
         [--rank 32] [--json F] [--quick] [--match TEXT ...]
 
 Bypasses selection: each variant's launcher is driven directly with the arguments the loader would build.
 Every variant's output is checked once per shape against the eager torch W4A4 pipeline (relative error
 below 1e-2, finite); a variant that fails the check is reported and not timed.  Inputs rotate over enough
 copies that one pass moves more than twice the L2 (weights included), as in `svdq-aot bench`.
+With several artifact folders (e.g. a build with a kernel switch such as SVDQ_KERNEL_SM90_WDECODE=mul beside a
+plain one), every variant of each is timed on the same inputs in the same run; rows name their folder.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ def short(knobs: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("artifacts")
+    ap.add_argument("artifacts", nargs="+", help="artifact folders; their variants are timed side by side")
     ap.add_argument("--m", default="256,1024,4608")
     ap.add_argument("--kn", default="3072x3072,3072x12288,12288x3072", help="comma list of KxN")
     ap.add_argument("--rank", type=int, default=32)
@@ -46,16 +48,19 @@ def main(argv=None) -> int:
     st = bench.QUICK if a.quick else bench.Settings(reps=9, warmup=2, target_ms=2.0)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    lib = svdq_loader.load(a.artifacts)
+    libs = {folder: svdq_loader.load(folder) for folder in a.artifacts}
+    lib = libs[a.artifacts[0]]               # prepares the weights (one format for every sm_90a build)
     tdt = bench._dtype(a.dtype)
     affine = a.affine == "on"
-    cands = [e for e in lib.variants if e.op == "gemm_w4a4" and e.arch == "sm_90a" and e.knobs["rank"] == a.rank
+    cands = [(folder, e) for folder, lb in libs.items() for e in lb.variants
+             if e.op == "gemm_w4a4" and e.arch == "sm_90a" and e.knobs["rank"] == a.rank
              and e.knobs["out_dtype"] == a.dtype and e.knobs["wcscale"] == affine and e.knobs["bias"] == affine
              and all(t in short(e.knobs) for t in a.match)]
     if not cands:
         print(f"no sm_90a gemm_w4a4 variant with rank {a.rank}, {a.dtype}, wcscale and bias {a.affine} in "
-              f"{a.artifacts}")
+              f"{', '.join(a.artifacts)}")
         return 2
+    label = len(a.artifacts) > 1
     rows = []
     for kn in a.kn.split(","):
         k, n = (int(x) for x in kn.lower().split("x"))
@@ -83,18 +88,18 @@ def main(argv=None) -> int:
                 args[gop.SM_COUNT_INDEX] = sms
                 args[gop.STREAM_INDEX] = stream
                 argv_.append(args)
-            for e in cands:
+            for folder, e in cands:
                 if gop.SPEC.shape_problem(e.requirements, dict(m=m, n=n, k=k), e.knobs):
                     continue                # the op's shape rule excludes this (K, N) for the variant
-                ln = lib._launcher(e.name, 0, False)
+                ln = libs[folder]._launcher(e.name, 0, False)
                 outs[0].fill_(float("nan"))
                 ln.launch(argv_[0])
                 torch.cuda.synchronize()
                 got = outs[0].float()
                 rel = float((got - want).norm() / want.norm())
                 ok = bool(rel < 1e-2 and torch.isfinite(got).all())
-                row = dict(variant=e.name, knobs=short(e.knobs), m=m, k=k, n=n, rel_err=rel, ok=ok,
-                           cublas_us=dense["us"])
+                row = dict(artifacts=folder, variant=e.name, knobs=short(e.knobs), m=m, k=k, n=n, rel_err=rel,
+                           ok=ok, cublas_us=dense["us"])
                 if ok:
                     def call(i, ln=ln):
                         args = argv_[i]
@@ -103,7 +108,7 @@ def main(argv=None) -> int:
                     t = bench.time_calls(call, nsets, st)
                     row.update(us=t["us"], tflops=bench.tflops(m, n, k, t["us"]), x_cublas=dense["us"] / t["us"])
                 rows.append(row)
-                print(f"M={m:5d} K={k:5d} N={n:5d}  {row['knobs']:<70} "
+                print(f"M={m:5d} K={k:5d} N={n:5d}  {(folder + ': ') if label else ''}{row['knobs']:<70} "
                       + (f"{row['us']:8.1f} us {row['tflops']:6.1f} TF/s {row['x_cublas']:.3f}x cuBLAS"
                          if ok else f"CHECK FAILED rel {rel:.3g}"), flush=True)
             del sets, ws, outs, want
