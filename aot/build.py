@@ -48,7 +48,7 @@ from svdq_loader.select_rules import Rule, RuleError, default_rule, parse_bucket
 
 from . import __version__
 from .artifacts import ArtifactDir, read_record, sha256_bytes
-from .cache import VariantCache, build_fingerprint, default_root, dsl_version, variant_key
+from .cache import VariantCache, build_fingerprint, default_root, dsl_version, kernel_switches, variant_key
 from .errors import BuildError, NeedsConfirmation, PlanError
 from .pool import Outcome, peak_rss_mb, run_pool
 from .progress import LineProgress, Progress
@@ -415,7 +415,7 @@ def build_set(config_path: str | Path, out_dir: str | Path, *, jobs: int = 1,
             "fingerprint": fingerprint if not failed else None,
             "build": {"started_utc": started, "wall_seconds": round(wall, 2), "jobs": jobs,
                       "cpus": os.cpu_count(), "load_average": _loadavg(), "host": platform.node(),
-                      "cache_dir": str(root) if root else None},
+                      "cache_dir": str(root) if root else None, "kernel_switches": kernel_switches()},
             "variants": {r.variant.name: {"cache": r.cache, "seconds": round(r.seconds, 3),
                                           "peak_rss_mb": round(r.peak_rss_mb, 1)} for r in results},
             "failed": {v.name: m for v, m in failed.items()},

@@ -161,6 +161,7 @@ def build(config: Path, out: Path, jobs: int | None, keep_going: bool, shard, ca
     terminal, one line per variant otherwise.
     """
     from .build import build_set
+    from .cache import kernel_switches
     from .progress import make_progress
 
     def body():
@@ -168,8 +169,9 @@ def build(config: Path, out: Path, jobs: int | None, keep_going: bool, shard, ca
                         keep_going=keep_going, shard=shard, cache_dir=False if no_cache else (cache_dir or True),
                         force=force, yes=yes)
         m = res.manifest
+        switches = kernel_switches()
         if as_json:
-            _emit_json({"ok": True, "out": str(out), "up_to_date": res.up_to_date,
+            _emit_json({"ok": True, "out": str(out), "up_to_date": res.up_to_date, "kernel_switches": switches,
                         "variants": len(m.variants), "rejected": len(m.rejected),
                         "cache_hits": res.hits, "compiled": res.compiled, "failed": res.failed,
                         "shard": list(shard) if shard else None, "wall_seconds": round(res.wall_seconds, 2),
@@ -184,6 +186,9 @@ def build(config: Path, out: Path, jobs: int | None, keep_going: bool, shard, ca
         click.echo(f"{what}built {len(m.variants)} variant(s) ({res.hits} from the cache, {res.compiled} "
                    f"compiled), rejected {len(m.rejected)}, into {out}/ in {res.wall_seconds:.1f}s "
                    f"(report: {out}/build-report.md)")
+        if switches:
+            click.echo("  kernel build switches set (an experiment or diagnosis build): "
+                       + ", ".join(f"{k}={v}" for k, v in switches.items()))
         for name, msg in res.failed.items():
             click.echo(f"  FAILED {name}: {msg}")
         for r in m.rejected:

@@ -27,6 +27,12 @@ on {{ rec.build.started_utc }} in {{ "%.1f" | format(rec.build.wall_seconds) }} 
 ({{ "%.1f" | format(compiled_seconds) }} s of compile time, \
 peak worker memory {{ "%.0f" | format(peak_mb) }} MiB){% endif %}.
 {%- if rec.shard %} This is shard {{ rec.shard[0] }}/{{ rec.shard[1] }} of {{ rec.all_variants | length }} variants.{% endif %}
+{%- if rec.build.kernel_switches %}
+
+**Kernel build switches were set**: \
+{% for k, v in rec.build.kernel_switches.items() %}`{{ k }}={{ v }}`{% if not loop.last %}, {% endif %}{% endfor %}. \
+This is an experiment or diagnosis build: its kernels differ from those a plain build of this config makes.
+{%- endif %}
 {%- elif rec.merged_from -%}
 {{ rows | length }} variant(s) of `{{ m.config.file }}`, svdq-aot {{ m.generator.package_version }} \
 ({{ m.generator.dsl }} {{ m.generator.dsl_version }}), merged from {{ rec.merged_from | length }} shard folder(s) \

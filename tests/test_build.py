@@ -87,6 +87,26 @@ def listing(d: Path) -> set[str]:
 # fake-family builds
 # --------------------------------------------------------------------------
 
+def test_the_report_and_record_name_kernel_build_switches(fake, cfg, tmp_path, monkeypatch):
+    """A build made with an SVDQ_KERNEL_* switch set says so in its build record and at the top of its report;
+    a plain build says nothing of switches."""
+    for name in [n for n in os.environ if n.startswith("SVDQ_KERNEL_")]:
+        monkeypatch.delenv(name)
+    plain = tmp_path / "plain"
+    build(cfg, plain)
+    assert json.loads((plain / A.RECORD_NAME).read_text())["build"]["kernel_switches"] == {}
+    assert "switch" not in (plain / "build-report.md").read_text()
+    monkeypatch.setenv("SVDQ_KERNEL_SM90_WDECODE", "mul")
+    monkeypatch.setenv("SVDQ_KERNEL_QUANT_PROBE", "1")
+    exp = tmp_path / "exp"
+    build(cfg, exp)
+    assert json.loads((exp / A.RECORD_NAME).read_text())["build"]["kernel_switches"] == {
+        "SVDQ_KERNEL_QUANT_PROBE": "1", "SVDQ_KERNEL_SM90_WDECODE": "mul"}
+    head = (exp / "build-report.md").read_text().split("| variant |")[0]
+    assert ("**Kernel build switches were set**: `SVDQ_KERNEL_QUANT_PROBE=1`, `SVDQ_KERNEL_SM90_WDECODE=mul`. "
+            "This is an experiment or diagnosis build") in head
+
+
 def test_build_writes_everything(fake, cfg, tmp_path):
     out = tmp_path / "art"
     lines = []
@@ -321,6 +341,20 @@ def test_cli_build_verify_variants(fake, cfg, tmp_path):
     r = CliRunner().invoke(main, ["variants", str(cfg)])
     assert r.exit_code == 0
     assert "10 valid, 2 rejected" in r.output and "SMEM budget" in r.output
+
+
+def test_cli_build_names_kernel_build_switches(fake, cfg, tmp_path, monkeypatch):
+    for name in [n for n in os.environ if n.startswith("SVDQ_KERNEL_")]:
+        monkeypatch.delenv(name)
+    r = CliRunner().invoke(main, ["build", str(cfg), "-o", str(tmp_path / "plain"), "-j", "1"])
+    assert r.exit_code == 0 and "switch" not in r.output
+    monkeypatch.setenv("SVDQ_KERNEL_SM90_WDECODE", "mul")
+    r = CliRunner().invoke(main, ["build", str(cfg), "-o", str(tmp_path / "exp"), "-j", "1"])
+    assert r.exit_code == 0
+    assert "kernel build switches set (an experiment or diagnosis build): SVDQ_KERNEL_SM90_WDECODE=mul" in r.output
+    r = CliRunner().invoke(main, ["build", str(cfg), "-o", str(tmp_path / "exp2"), "-j", "1", "--json"])
+    assert r.exit_code == 0
+    assert json.loads(r.stdout)["kernel_switches"] == {"SVDQ_KERNEL_SM90_WDECODE": "mul"}
 
 
 def test_cli_errors_are_one_line(fake, cfg, tmp_path):
