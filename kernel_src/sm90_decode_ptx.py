@@ -42,15 +42,6 @@ def _scales_x128(two_e4m3, *, loc=None, ip=None):
 
 @dsl_user_op
 def _scales_x128_half(word, half: int, *, loc=None, ip=None):
-    """The two E4M3 bytes of 16-bit half `half` of `word` -> fp16x2 of (scale · 2^7), exact."""
-    return _asm(None, [word],
-                "{\n\t.reg .b16 l, h;\n\t.reg .b32 c;\n\tmov.b32 {l, h}, $1;\n\t"
-                "cvt.rn.f16x2.e4m3x2 $0, %s;\n\tmov.b32 c, %d;\n\tmul.rn.f16x2 $0, $0, c;\n\t}"
-                % ("h" if half else "l", _F16X2_128), "=r,r")
-
-
-@dsl_user_op
-def _scales_x128_half(word, half: int, *, loc=None, ip=None):
     """The two E4M3 bytes in 16-bit half `half` of `word` -> fp16x2 of (scale · 2^7), exact; the half is a
     register operand of the conversion, so no shift or mask extracts it."""
     return _asm(None, [word],
