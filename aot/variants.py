@@ -44,9 +44,10 @@ def family_module(op: str, arch: str) -> Any:
         try:
             _FAMILY_CACHE[key] = reg.family(op, arch)
         except Exception as e:  # noqa: BLE001 - report any import-time failure clearly
+            hint = " (is the build extra `nvidia-cutlass-dsl` installed?)" if isinstance(e, ImportError) else ""
             raise FamilyUnavailable(
                 f"kernel family {reg.FAMILIES[(op, arch)]} for {op} on {arch} failed to load: "
-                f"{type(e).__name__}: {e} (is the build extra `nvidia-cutlass-dsl` installed?)") from e
+                f"{type(e).__name__}: {e}{hint}") from e
     return _FAMILY_CACHE[key]
 
 
