@@ -9,7 +9,8 @@ Every variant's output is checked once per shape against the eager torch W4A4 pi
 below 1e-2, finite); a variant that fails the check is reported and not timed.  Inputs rotate over enough
 copies that one pass moves more than twice the L2 (weights included), as in `svdq-aot bench`.
 With several artifact folders (e.g. a build with a kernel switch such as SVDQ_KERNEL_SM90_WDECODE=mul beside a
-plain one), every variant of each is timed on the same inputs in the same run; rows name their folder.
+plain one), every variant of each is timed on the same inputs in the same run; rows name their folder, and a
+closing table gives each variant's time per folder and its ratio to the first folder's.
 """
 from __future__ import annotations
 
@@ -28,6 +29,33 @@ _SHORT = ("tile_m", "tile_n", "stages", "prefetch", "skip_pad", "act_decode", "s
 
 def short(knobs: dict) -> str:
     return " ".join(f"{k}={knobs[k]}" for k in _SHORT if k in knobs)
+
+
+def compare(rows: list[dict], folders: list[str]) -> list[str]:
+    """Markdown lines: per variant and shape timed in the first folder and another, the times and their ratio
+    (other / first: below 1 means the other build is faster); a failed check shows as FAILED."""
+    if len(folders) < 2:
+        return []
+    by = {(r["artifacts"], r["variant"], r["m"], r["k"], r["n"]): r for r in rows}
+    head = ["variant (knobs)", "M", "K", "N", f"{folders[0]} µs"]
+    for f in folders[1:]:
+        head += [f"{f} µs", f"{f} / {folders[0]}"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if r["artifacts"] != folders[0]:
+            continue
+        base = r.get("us") if r["ok"] else None
+        cells = [r["knobs"], str(r["m"]), str(r["k"]), str(r["n"]), f"{base:.1f}" if base else "FAILED"]
+        for f in folders[1:]:
+            o = by.get((f, r["variant"], r["m"], r["k"], r["n"]))
+            if o is None:
+                cells += ["–", "–"]
+            elif not o["ok"]:
+                cells += ["FAILED", "–"]
+            else:
+                cells += [f"{o['us']:.1f}", f"{o['us'] / base:.3f}" if base else "–"]
+        out.append("| " + " | ".join(cells) + " |")
+    return out
 
 
 def main(argv=None) -> int:
@@ -113,6 +141,9 @@ def main(argv=None) -> int:
                          if ok else f"CHECK FAILED rel {rel:.3g}"), flush=True)
             del sets, ws, outs, want
             bench._free()
+    table = compare(rows, a.artifacts)
+    if table:
+        print("\n" + "\n".join(table))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(gpu=torch.cuda.get_device_name(0), rows=rows), f, indent=1)

@@ -1,0 +1,42 @@
+"""tools/sm90_sweep.py's side-by-side table of two or more builds (pure Python; the sweep itself needs a GPU)."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+_PATH = Path(__file__).resolve().parents[1] / "tools" / "sm90_sweep.py"
+_spec = importlib.util.spec_from_file_location("sm90_sweep", _PATH)
+sweep = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sweep)
+
+
+def _row(folder, variant, m, us, ok=True):
+    r = dict(artifacts=folder, variant=variant, knobs=f"knobs of {variant}", m=m, k=3072, n=3072, ok=ok)
+    if ok:
+        r["us"] = us
+    return r
+
+
+def test_one_folder_has_no_comparison():
+    assert sweep.compare([_row("a", "v1", 16, 10.0)], ["a"]) == []
+
+
+def test_each_variant_and_shape_gets_its_times_and_ratio_to_the_first_folder():
+    rows = [_row("a", "v1", 16, 10.0), _row("b", "v1", 16, 9.0), _row("a", "v1", 64, 20.0),
+            _row("b", "v1", 64, 25.0), _row("a", "v2", 16, 8.0), _row("b", "v2", 16, 0.0, ok=False),
+            _row("a", "v3", 16, 7.0)]
+    lines = sweep.compare(rows, ["a", "b"])
+    assert lines[0] == "| variant (knobs) | M | K | N | a µs | b µs | b / a |"
+    assert lines[2:] == ["| knobs of v1 | 16 | 3072 | 3072 | 10.0 | 9.0 | 0.900 |",
+                         "| knobs of v1 | 64 | 3072 | 3072 | 20.0 | 25.0 | 1.250 |",
+                         "| knobs of v2 | 16 | 3072 | 3072 | 8.0 | FAILED | – |",
+                         "| knobs of v3 | 16 | 3072 | 3072 | 7.0 | – | – |"]
+
+
+def test_a_failed_first_folder_row_has_no_ratio():
+    rows = [_row("a", "v1", 16, 0.0, ok=False), _row("b", "v1", 16, 9.0), _row("c", "v1", 16, 8.0)]
+    assert sweep.compare(rows, ["a", "b", "c"])[2] == "| knobs of v1 | 16 | 3072 | 3072 | FAILED | 9.0 | – | 8.0 | – |"
