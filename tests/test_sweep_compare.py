@@ -39,4 +39,5 @@ def test_each_variant_and_shape_gets_its_times_and_ratio_to_the_first_folder():
 
 def test_a_failed_first_folder_row_has_no_ratio():
     rows = [_row("a", "v1", 16, 0.0, ok=False), _row("b", "v1", 16, 9.0), _row("c", "v1", 16, 8.0)]
-    assert sweep.compare(rows, ["a", "b", "c"])[2] == "| knobs of v1 | 16 | 3072 | 3072 | FAILED | 9.0 | – | 8.0 | – |"
+    want = "| knobs of v1 | 16 | 3072 | 3072 | FAILED | 9.0 | – | 8.0 | – |"
+    assert sweep.compare(rows, ["a", "b", "c"])[2] == want

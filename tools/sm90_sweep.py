@@ -71,7 +71,8 @@ def main(argv=None) -> int:
                     help="on: variants built with wcscale and bias, called with both; off: variants built without "
                          "either, called without them")
     ap.add_argument("--match", action="append", default=[],
-                    help="time only variants whose knob summary (as printed) contains this text; repeatable, all must match")
+                    help="time only variants whose knob summary (as printed) contains this text; repeatable, all "
+                         "must match")
     a = ap.parse_args(argv)
     st = bench.QUICK if a.quick else bench.Settings(reps=9, warmup=2, target_ms=2.0)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
