@@ -266,7 +266,9 @@ def inspect(directory: Path, as_json: bool) -> None:
         m = read_manifest(directory)
         rec = read_record(directory)
         if as_json:
-            _emit_json({"ok": True, "config": m.config.name, "variants": report_rows(m, rec),
+            _emit_json({"ok": True, "config": m.config.name,
+                        "kernel_switches": ((rec or {}).get("build") or {}).get("kernel_switches"),
+                        "variants": report_rows(m, rec),
                         "rejected": [{"name": r.name, "reason": r.reason} for r in m.rejected]})
         else:
             click.echo(render_report(m, rec), nl=False)

@@ -105,6 +105,12 @@ def test_the_report_and_record_name_kernel_build_switches(fake, cfg, tmp_path, m
     head = (exp / "build-report.md").read_text().split("| variant |")[0]
     assert ("**Kernel build switches were set**: `SVDQ_KERNEL_QUANT_PROBE=1`, `SVDQ_KERNEL_SM90_WDECODE=mul`. "
             "This is an experiment or diagnosis build") in head
+    # `inspect --json` reads them back from the folder, whatever the environment of the reader
+    monkeypatch.delenv("SVDQ_KERNEL_SM90_WDECODE")
+    monkeypatch.delenv("SVDQ_KERNEL_QUANT_PROBE")
+    doc = json.loads(CliRunner().invoke(main, ["inspect", str(exp), "--json"]).stdout)
+    assert doc["kernel_switches"] == {"SVDQ_KERNEL_QUANT_PROBE": "1", "SVDQ_KERNEL_SM90_WDECODE": "mul"}
+    assert json.loads(CliRunner().invoke(main, ["inspect", str(plain), "--json"]).stdout)["kernel_switches"] == {}
 
 
 def test_build_writes_everything(fake, cfg, tmp_path):
