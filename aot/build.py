@@ -188,7 +188,8 @@ def compile_one(variant: Variant) -> CompileResult:
 
 def _generator() -> Generator:
     return Generator(package="svdq-aot", package_version=__version__, dsl="nvidia-cutlass-dsl",
-                     dsl_version=dsl_version(), python=platform.python_version(), device_facts=DEVICE_FACTS)
+                     dsl_version=dsl_version(), python=platform.python_version(), device_facts=DEVICE_FACTS,
+                     kernel_switches=", ".join(f"{k}={v}" for k, v in kernel_switches().items()))
 
 
 #: The manifest's record that nothing of the build machine is in the kernels (generator.device_facts).

@@ -302,6 +302,9 @@ def verify(directory: Path, strict: bool, as_json: bool) -> None:
             click.echo(f"OK: {directory}: {len(m.variants)} variant(s), {len(m.files())} file(s) verified and "
                        f"cross-checked (config {m.config.name}, built by {g.package} {g.package_version} "
                        f"with {g.dsl} {g.dsl_version}, python {g.python})")
+            if g.kernel_switches:
+                click.echo(f"kernel build switches: {g.kernel_switches} (an experiment or diagnosis build: not the "
+                           f"kernels a plain build of this config makes)")
             t = rep.tuning
             click.echo(f"tuning table: {t.source}: {len(t.entries)} entr{'y' if len(t.entries) == 1 else 'ies'} "
                        f"verified, measured on {t.measured_text()}" if t is not None else

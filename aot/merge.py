@@ -47,6 +47,7 @@ def merge(out_dir: str | os.PathLike, dirs: list[str | os.PathLike], *, force: b
     differ("config (name, file, sha256)", lambda r, m: (m.config.name, m.config.file, m.config.sha256))
     differ("versions (svdq-aot, DSL, Python)",
            lambda r, m: (m.generator.package_version, m.generator.dsl_version, m.generator.python))
+    differ("kernel build switches (SVDQ_KERNEL_*)", lambda r, m: m.generator.kernel_switches)
     differ("shard count", lambda r, m: r["shard"][1])
     differ("the shapes", lambda r, m: m.shapes)
     differ("the rejected combinations", lambda r, m: m.rejected)

@@ -15,7 +15,8 @@ Layout of ``manifest.json`` (schema_version 3; 2 is still read, without
 
     {"schema_version": 3,
      "checksum": sha256 of the canonical JSON of everything else,
-     "generator": {"package", "package_version", "dsl", "dsl_version", "python", "device_facts" (optional)},
+     "generator": {"package", "package_version", "dsl", "dsl_version", "python", "device_facts" (optional),
+                   "kernel_switches" (only in builds made with SVDQ_KERNEL_* switches)},
      "config": {"name", "sha256", "file"},
      "shapes": [{"name", "k", "n"}],
      "variants": [{"name", "op", "arch", "family", "knobs": {knob: bool|int|str, ...},
@@ -85,6 +86,12 @@ class Generator:
     #: queried (the SM count, SMEM limits and clocks are read on the target at load/launch).  Optional in
     #: schema 3 (absent in artifacts written before it existed).
     device_facts: str = ""
+    #: The ``SVDQ_KERNEL_*`` build switches an experiment or diagnosis build was made with ("NAME=value, ..."):
+    #: its kernels are not the ones a plain build of the config makes.  Present only in such builds.
+    kernel_switches: str = ""
+
+
+_OPTIONAL_GENERATOR_KEYS = ("device_facts", "kernel_switches")
 
 
 @dataclass(frozen=True)
@@ -188,7 +195,7 @@ class Manifest:
         """Everything but the checksum (what the checksum covers)."""
         return {
             "schema_version": self.schema_version,
-            "generator": {k: v for k, v in _plain(self.generator).items() if k != "device_facts" or v},
+            "generator": {k: v for k, v in _plain(self.generator).items() if k not in _OPTIONAL_GENERATOR_KEYS or v},
             "config": _plain(self.config),
             "shapes": [_plain(s) for s in self.shapes],
             "variants": [_variant_to_dict(v) for v in self.variants],
@@ -367,7 +374,7 @@ def _parse_manifest(data: Any, source: str) -> Manifest:
             f"manifest.json was edited or damaged after the build. Rebuild the artifacts (or re-copy them); "
             f"never edit manifest.json by hand")
 
-    gkeys = [k for k in Generator.__dataclass_fields__ if k != "device_facts" or "device_facts" in
+    gkeys = [k for k in Generator.__dataclass_fields__ if k not in _OPTIONAL_GENERATOR_KEYS or k in
              (data["generator"] if isinstance(data["generator"], dict) else {})]
     g = c.obj(data["generator"], "generator", gkeys)
     gen = Generator(**{k: c.str_(g, k, "generator") for k in gkeys})

@@ -105,6 +105,9 @@ def test_the_report_and_record_name_kernel_build_switches(fake, cfg, tmp_path, m
     head = (exp / "build-report.md").read_text().split("| variant |")[0]
     assert ("**Kernel build switches were set**: `SVDQ_KERNEL_QUANT_PROBE=1`, `SVDQ_KERNEL_SM90_WDECODE=mul`. "
             "This is an experiment or diagnosis build") in head
+    # the manifest carries them too (a plain build's has no such key), so a copied or packaged build still says so
+    assert read_manifest(exp).generator.kernel_switches == "SVDQ_KERNEL_QUANT_PROBE=1, SVDQ_KERNEL_SM90_WDECODE=mul"
+    assert "kernel_switches" not in json.loads((plain / MANIFEST_NAME).read_text())["generator"]
     # `inspect --json` reads them back from the folder, whatever the environment of the reader
     monkeypatch.delenv("SVDQ_KERNEL_SM90_WDECODE")
     monkeypatch.delenv("SVDQ_KERNEL_QUANT_PROBE")

@@ -312,3 +312,24 @@ def test_a_build_records_that_nothing_of_the_build_machine_is_baked_in(tiny_arti
     del data["generator"]["device_facts"]
     data["checksum"] = M.body_checksum({k: v for k, v in data.items() if k != "checksum"})
     assert M.Manifest.from_json(json.dumps(data), source="old").generator.device_facts == ""
+
+
+def test_kernel_build_switches_are_recorded_only_when_set(tiny_artifacts):
+    """A plain build's generator has no kernel_switches key (its manifest reads as before); an experiment build's
+    names its switches, round-trips, and is covered by the checksum like every field."""
+    data = json.loads((tiny_artifacts / "manifest.json").read_text())
+    assert "kernel_switches" not in data["generator"]
+    assert read_manifest(tiny_artifacts).generator.kernel_switches == ""
+    data["generator"]["kernel_switches"] = "SVDQ_KERNEL_SM90_WDECODE=mul"
+    data["checksum"] = M.body_checksum({k: v for k, v in data.items() if k != "checksum"})
+    m = M.Manifest.from_json(json.dumps(data), source="exp")
+    assert m.generator.kernel_switches == "SVDQ_KERNEL_SM90_WDECODE=mul"
+    again = json.loads(m.to_json())
+    assert again["generator"]["kernel_switches"] == "SVDQ_KERNEL_SM90_WDECODE=mul" and again == data
+    data["generator"]["kernel_switches"] = "SVDQ_KERNEL_SM90_WDECODE=shift"          # an edit without a reseal
+    with pytest.raises(M.ManifestError, match="checksum mismatch"):
+        M.Manifest.from_json(json.dumps(data), source="edited")
+    data["generator"]["kernel_switches"] = 7
+    data["checksum"] = M.body_checksum({k: v for k, v in data.items() if k != "checksum"})
+    with pytest.raises(M.ManifestError, match="kernel_switches"):
+        M.Manifest.from_json(json.dumps(data), source="typed")
