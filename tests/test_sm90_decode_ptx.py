@@ -18,6 +18,7 @@ from svdq_loader.ops import GEMM_W4A4                     # noqa: E402
 from svdq_loader.ops import sm90_weight_format as fmt    # noqa: E402
 
 from kernel_checks import instructions, loops, sass_of_cubin   # noqa: E402
+from test_kernel_compile import make_knobs                     # noqa: E402
 
 ARCH = "sm_90a"
 MASK32 = 0xFFFFFFFF
@@ -69,10 +70,7 @@ def test_the_shipped_form_is_the_default_and_its_ptx_is_unchanged():
 
 
 def _knobs(**kw):
-    k = dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, scale_layout="logical", tile_k=64, stages=4,
-             prefetch=1, skip_pad=True, act_decode="prmt", wsets=2, act_source="nvfp4")
-    k.update(kw)
-    return k
+    return make_knobs("bf16", 32, stages=4, skip_pad=True, act_decode="prmt", **kw)
 
 
 def _step_loop(knobs, form, tmp_path, monkeypatch):

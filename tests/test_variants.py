@@ -131,23 +131,25 @@ def test_two_operators_enumerate_with_their_own_features(fake):
     assert all(x["scale_layout"] == "logical" for x in quant)
 
 
-def test_family_import_failure_is_loud(monkeypatch):
+def _family_import_raises(monkeypatch, exc: Exception) -> None:
+    """A registry whose sm_90a GEMM family raises `exc` on import."""
     def boom(op, arch):
-        raise ImportError("No module named 'cutlass'")
+        raise exc
     reg = types.SimpleNamespace(FAMILIES={("gemm_w4a4", "sm_90a"): "svdq_kernels.sm90_gemm_w4a4"}, family=boom)
     monkeypatch.setattr(V, "_registry", lambda: reg)
     monkeypatch.setattr(V, "_FAMILY_CACHE", {})
+
+
+def test_family_import_failure_is_loud(monkeypatch):
+    _family_import_raises(monkeypatch, ImportError("No module named 'cutlass'"))
     with pytest.raises(V.FamilyUnavailable, match="sm90_gemm_w4a4.*gemm_w4a4 on sm_90a.*cutlass.*build extra"):
         v().invalid_reason()
 
 
 def test_a_family_that_refuses_its_build_switch_says_why_without_the_install_hint(monkeypatch):
     """Not every import-time failure is a missing DSL: a bad SVDQ_KERNEL_* value is reported as itself."""
-    def bad_switch(op, arch):
-        raise ValueError("SVDQ_KERNEL_SM90_WDECODE='bogus': the sm_90a weight decode form must be one of mul, shift")
-    reg = types.SimpleNamespace(FAMILIES={("gemm_w4a4", "sm_90a"): "svdq_kernels.sm90_gemm_w4a4"}, family=bad_switch)
-    monkeypatch.setattr(V, "_registry", lambda: reg)
-    monkeypatch.setattr(V, "_FAMILY_CACHE", {})
+    _family_import_raises(monkeypatch, ValueError(
+        "SVDQ_KERNEL_SM90_WDECODE='bogus': the sm_90a weight decode form must be one of mul, shift"))
     with pytest.raises(V.FamilyUnavailable) as e:
         v().invalid_reason()
     assert "ValueError: SVDQ_KERNEL_SM90_WDECODE='bogus'" in str(e.value) and "build extra" not in str(e.value)
