@@ -10,13 +10,13 @@ from cutlass.cutlass_dsl import dsl_user_op
 
 from svdq_loader.ops.sm90_weight_format import PAIR_DECODES
 
-#: The weight decode form the kernels are built with (`sm90_weight_format.PAIR_DECODES`): ``shift``, the one
-#: that ran on the H200 and ships, or ``mul``, chosen for an experiment build with
-#: ``SVDQ_KERNEL_SM90_WDECODE=mul`` (like every ``SVDQ_KERNEL_*`` switch, it enters the build cache key).  The
-#: ``mul`` build also converts each k-block's weight scales from their 16-bit half of the scale word without
-#: extracting it (`weight_scales_x128`).  Both are exact; ``mul`` has not run on a GPU yet (docs/PERF.md,
-#: session 21).
-WDECODE = os.environ.get("SVDQ_KERNEL_SM90_WDECODE", "shift")
+#: The weight decode form the kernels are built with (`sm90_weight_format.PAIR_DECODES`): ``mul``, the default
+#: (3 integer instructions fewer per weight word than ``shift``, and 0-8 % faster on the H200: docs/PERF.md,
+#: session 22), or ``shift``, the earlier form, chosen for a comparison build with ``SVDQ_KERNEL_SM90_WDECODE=shift``
+#: (like every ``SVDQ_KERNEL_*`` switch, it enters the build cache key and the manifest).  The ``mul`` build also
+#: converts each k-block's weight scales from their 16-bit half of the scale word without extracting it
+#: (`weight_scales_x128`).  Both are exact.
+WDECODE = os.environ.get("SVDQ_KERNEL_SM90_WDECODE", "mul")
 if WDECODE not in PAIR_DECODES:
     raise ValueError(f"SVDQ_KERNEL_SM90_WDECODE={WDECODE!r}: the sm_90a weight decode form must be one of "
                      f"{', '.join(sorted(PAIR_DECODES))}")
@@ -52,7 +52,7 @@ def _scales_x128_half(word, half: int, *, loc=None, ip=None):
 
 def weight_scales_x128(word, half: int):
     """The weight scales of one k-block (16-bit half `half` of a word of the sm90 scale format) -> fp16x2 of
-    (scale · 2^7).  The ``mul`` build converts the half in place; the shipped ``shift`` build extracts it first."""
+    (scale · 2^7).  The ``mul`` build converts the half in place; a ``shift`` build extracts it first."""
     if WDECODE == "shift":
         return _scales_x128((word >> (16 * half)) & 0xFFFF)
     return _scales_x128_half(word, half)

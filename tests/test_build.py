@@ -96,23 +96,23 @@ def test_the_report_and_record_name_kernel_build_switches(fake, cfg, tmp_path, m
     build(cfg, plain)
     assert json.loads((plain / A.RECORD_NAME).read_text())["build"]["kernel_switches"] == {}
     assert "switch" not in (plain / "build-report.md").read_text()
-    monkeypatch.setenv("SVDQ_KERNEL_SM90_WDECODE", "mul")
+    monkeypatch.setenv("SVDQ_KERNEL_SM90_WDECODE", "shift")
     monkeypatch.setenv("SVDQ_KERNEL_QUANT_PROBE", "1")
     exp = tmp_path / "exp"
     build(cfg, exp)
     assert json.loads((exp / A.RECORD_NAME).read_text())["build"]["kernel_switches"] == {
-        "SVDQ_KERNEL_QUANT_PROBE": "1", "SVDQ_KERNEL_SM90_WDECODE": "mul"}
+        "SVDQ_KERNEL_QUANT_PROBE": "1", "SVDQ_KERNEL_SM90_WDECODE": "shift"}
     head = (exp / "build-report.md").read_text().split("| variant |")[0]
-    assert ("**Kernel build switches were set**: `SVDQ_KERNEL_QUANT_PROBE=1`, `SVDQ_KERNEL_SM90_WDECODE=mul`. "
+    assert ("**Kernel build switches were set**: `SVDQ_KERNEL_QUANT_PROBE=1`, `SVDQ_KERNEL_SM90_WDECODE=shift`. "
             "This is an experiment or diagnosis build") in head
     # the manifest carries them too (a plain build's has no such key), so a copied or packaged build still says so
-    assert read_manifest(exp).generator.kernel_switches == "SVDQ_KERNEL_QUANT_PROBE=1, SVDQ_KERNEL_SM90_WDECODE=mul"
+    assert read_manifest(exp).generator.kernel_switches == "SVDQ_KERNEL_QUANT_PROBE=1, SVDQ_KERNEL_SM90_WDECODE=shift"
     assert "kernel_switches" not in json.loads((plain / MANIFEST_NAME).read_text())["generator"]
     # `inspect --json` reads them back from the folder, whatever the environment of the reader
     monkeypatch.delenv("SVDQ_KERNEL_SM90_WDECODE")
     monkeypatch.delenv("SVDQ_KERNEL_QUANT_PROBE")
     doc = json.loads(CliRunner().invoke(main, ["inspect", str(exp), "--json"]).stdout)
-    assert doc["kernel_switches"] == {"SVDQ_KERNEL_QUANT_PROBE": "1", "SVDQ_KERNEL_SM90_WDECODE": "mul"}
+    assert doc["kernel_switches"] == {"SVDQ_KERNEL_QUANT_PROBE": "1", "SVDQ_KERNEL_SM90_WDECODE": "shift"}
     assert json.loads(CliRunner().invoke(main, ["inspect", str(plain), "--json"]).stdout)["kernel_switches"] == {}
 
 
@@ -357,13 +357,13 @@ def test_cli_build_names_kernel_build_switches(fake, cfg, tmp_path, monkeypatch)
         monkeypatch.delenv(name)
     r = CliRunner().invoke(main, ["build", str(cfg), "-o", str(tmp_path / "plain"), "-j", "1"])
     assert r.exit_code == 0 and "switch" not in r.output
-    monkeypatch.setenv("SVDQ_KERNEL_SM90_WDECODE", "mul")
+    monkeypatch.setenv("SVDQ_KERNEL_SM90_WDECODE", "shift")
     r = CliRunner().invoke(main, ["build", str(cfg), "-o", str(tmp_path / "exp"), "-j", "1"])
     assert r.exit_code == 0
-    assert "kernel build switches set (an experiment or diagnosis build): SVDQ_KERNEL_SM90_WDECODE=mul" in r.output
+    assert "kernel build switches set (an experiment or diagnosis build): SVDQ_KERNEL_SM90_WDECODE=shift" in r.output
     r = CliRunner().invoke(main, ["build", str(cfg), "-o", str(tmp_path / "exp2"), "-j", "1", "--json"])
     assert r.exit_code == 0
-    assert json.loads(r.stdout)["kernel_switches"] == {"SVDQ_KERNEL_SM90_WDECODE": "mul"}
+    assert json.loads(r.stdout)["kernel_switches"] == {"SVDQ_KERNEL_SM90_WDECODE": "shift"}
 
 
 def test_cli_errors_are_one_line(fake, cfg, tmp_path):

@@ -320,13 +320,13 @@ def test_kernel_build_switches_are_recorded_only_when_set(tiny_artifacts):
     data = json.loads((tiny_artifacts / "manifest.json").read_text())
     assert "kernel_switches" not in data["generator"]
     assert read_manifest(tiny_artifacts).generator.kernel_switches == ""
-    data["generator"]["kernel_switches"] = "SVDQ_KERNEL_SM90_WDECODE=mul"
+    data["generator"]["kernel_switches"] = "SVDQ_KERNEL_SM90_WDECODE=shift"
     data["checksum"] = M.body_checksum({k: v for k, v in data.items() if k != "checksum"})
     m = M.Manifest.from_json(json.dumps(data), source="exp")
-    assert m.generator.kernel_switches == "SVDQ_KERNEL_SM90_WDECODE=mul"
+    assert m.generator.kernel_switches == "SVDQ_KERNEL_SM90_WDECODE=shift"
     again = json.loads(m.to_json())
-    assert again["generator"]["kernel_switches"] == "SVDQ_KERNEL_SM90_WDECODE=mul" and again == data
-    data["generator"]["kernel_switches"] = "SVDQ_KERNEL_SM90_WDECODE=shift"          # an edit without a reseal
+    assert again["generator"]["kernel_switches"] == "SVDQ_KERNEL_SM90_WDECODE=shift" and again == data
+    data["generator"]["kernel_switches"] = "SVDQ_KERNEL_SM90_WDECODE=mul"          # an edit without a reseal
     with pytest.raises(M.ManifestError, match="checksum mismatch"):
         M.Manifest.from_json(json.dumps(data), source="edited")
     data["generator"]["kernel_switches"] = 7

@@ -94,7 +94,7 @@ def _merge_refusals(tmp_path: Path) -> None:
     for what, edit, msg in (
             ("cfg", dict(config={"name": "other"}), "differ in config"),
             ("ver", dict(generator={"dsl_version": "9.9.9"}), r"differ in versions \(svdq-aot, DSL, Python\)"),
-            ("switch", dict(generator={"kernel_switches": "SVDQ_KERNEL_SM90_WDECODE=mul"}),
+            ("switch", dict(generator={"kernel_switches": "SVDQ_KERNEL_SM90_WDECODE=shift"}),
              r"differ in kernel build switches")):
         bad = tmp_path / f"s2-{what}"
         shutil.copytree(tmp_path / "s2", bad)

@@ -1,7 +1,8 @@
 """The sm_90a weight decode as the kernels run it: the PTX that `sm90_decode_ptx.wdecode_ptx` writes for each
 form is interpreted here instruction by instruction and must give the bits the format module's terms give (which
 tests/test_sm90_weight_format.py proves exact against float64), and each form compiles to the SASS it promises.
-CPU only (cross-compile); the ``mul`` form has not run on a GPU yet (docs/PERF.md, session 21)."""
+CPU only (cross-compile); the GPU side of the default ``mul`` form is the float64 GEMM tests on the H200
+(docs/PERF.md, session 22)."""
 from __future__ import annotations
 
 import re
@@ -60,10 +61,17 @@ def test_the_emitted_ptx_computes_the_format_s_terms(form):
 
 
 def test_the_shipped_form_is_the_default_and_its_ptx_is_unchanged():
-    """The default build is the shift form, whose text is the one that ran on the H200 (its cubins stay byte for
-    byte what they were)."""
-    assert ptx.WDECODE == "shift"
+    """The default build is the mul form, whose text is the one timed on the H200 (session 22); the shift form,
+    still selectable with the switch, keeps the text of the builds before it."""
+    assert ptx.WDECODE == "mul"
+    mul = {0: "and.b32 a, $1, 0x10071007;\n\tmul.lo.u32 a, a, 520;\n\tand.b32 a, a, 0x8E008E00;",
+           1: "and.b32 a, $1, 0x20382038;\n\tmul.lo.u32 a, a, 68;\n\tand.b32 a, a, 0x8E008E00;",
+           2: "shl.b32 a, $1, 3;\n\tand.b32 a, a, 0x0E000E00;\n\tshl.b32 b, $1, 1;\n\tand.b32 b, b, 0x80008000;"
+              "\n\tor.b32 a, a, b;",
+           3: "shl.b32 a, $1, 0;\n\tand.b32 a, a, 0x8E008E00;"}
     for p in range(4):
+        assert ptx.wdecode_ptx(p, "mul") == (
+            "{\n\t.reg .b32 a, b;\n\t%s\n\tmul.rn.f16x2 $0, a, $2;\n\t}" % mul[p])
         assert ptx.wdecode_ptx(p, "shift") == (
             "{\n\t.reg .b32 a, b;\n\tshl.b32 a, $1, %d;\n\tand.b32 a, a, 0x0E000E00;\n\tshl.b32 b, $1, %d;\n\t"
             "and.b32 b, b, 0x80008000;\n\tor.b32 a, a, b;\n\tmul.rn.f16x2 $0, a, $2;\n\t}" % (9 - 3 * p, 3 - p))

@@ -8,7 +8,7 @@ Bypasses selection: each variant's launcher is driven directly with the argument
 Every variant's output is checked once per shape against the eager torch W4A4 pipeline (relative error
 below 1e-2, finite); a variant that fails the check is reported and not timed.  Inputs rotate over enough
 copies that one pass moves more than twice the L2 (weights included), as in `svdq-aot bench`.
-With several artifact folders (e.g. a build with a kernel switch such as SVDQ_KERNEL_SM90_WDECODE=mul beside a
+With several artifact folders (e.g. a build with a kernel switch such as SVDQ_KERNEL_SM90_WDECODE=shift beside a
 plain one), every variant of each is timed on the same inputs in the same run; rows name their folder, and a
 closing table gives each variant's time per folder and its ratio to the first folder's.
 """
