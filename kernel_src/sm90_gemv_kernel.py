@@ -278,15 +278,25 @@ class _Sm90Gemv:
                     if apq[i] < nph:
                         self._decode_raw(c, 0, i)
             cute.arch.sync_threads()
+            # the weight ring walked with running offsets instead of `kt % RING` and `kt * 2048` per k-tile: ro =
+            # the scale-ring offset of k-tile kt's slot (the weight ring's is twice it), wo = the slot k-tile
+            # kt + RING - 1 refills (the one k-tile kt - 1 read), gw / gs = that k-tile's weight and scale sources
+            run = cute.make_rmem_tensor((2,), Int32)
+            run[0] = Int32(0)
+            run[1] = Int32((RING - 1) * NT * 8)
+            src = cute.make_rmem_tensor((2,), Int64)
+            src[0] = wsrc + Int64(kt_abs0 + RING - 1) * 2048
+            src[1] = ssrc + Int64(kt_abs0 + RING - 1) * 256
             for cq in cutlass.range(0, nch, 1, unroll=1):
                 pn = cutlass.min(CH, nph - CH * cq)
                 for pl in cutlass.range(0, pn, 1, unroll=1):
                     for h in cutlass.range_constexpr(2):
                         kt = 2 * (CH * cq + pl) + h
-                        wv, sv = self._read_w(c, kt)
+                        wv, sv = self._read_w_at(c, run[0])
                         j = kt + RING - 1
                         if j < nk:
-                            self._copy_w(c, j)
+                            self._copy_w_to(c, run[1], src[0], src[1])
+                        self._advance_ring(c, run, src)
                         if cutlass.const_expr(h == 0):
                             if pl == 0:
                                 for i in cutlass.range_constexpr(T):
@@ -460,6 +470,24 @@ class _Sm90Gemv:
             sbc = (_bcast(s2, 0), _bcast(s2, 1))
             for p in range(4):
                 afr[at + 4 * kb + p] = _wdecode(wv[kb], sbc[p % 2], p)
+
+    def _read_w_at(self, c, ro):
+        """`_read_w` with the slot given by its scale-ring offset ro (the weight ring's offset is 2 ro)."""
+        _cp_wait(c.RING - 2)
+        return _lds_v4(c.wring + 2 * ro), _lds_v2(c.sring + ro)
+
+    def _copy_w_to(self, c, wo, gw, gs):
+        """`_copy_w` with the slot given by its scale-ring offset wo and the sources as addresses."""
+        _cp16(c.wring + 2 * wo, gw)
+        _cp8(c.sring + wo, gs)
+
+    def _advance_ring(self, c, run, src):
+        """One k-tile on: the slot just read is the next one refilled; the read slot wraps after RING."""
+        run[1] = run[0]
+        nxt = run[0] + c.NT * 8
+        run[0] = cutlass.select_(nxt == c.RING * c.NT * 8, Int32(0), nxt)
+        src[0] = src[0] + 2048
+        src[1] = src[1] + 256
 
     def _copy_w(self, c, j):
         """cp.async this thread's weight word and scale bytes of local k-tile j into ring slot j % RING."""
