@@ -48,7 +48,7 @@ from cutlass import Float32, Int32, Int64
 
 from .quantize_act import (_asm, _cp_async4 as _cp4, _cp_async16_cg as _cp16, _cp_commit, _cp_wait, _lds_u32, _lds_v4,
                            _mma)
-from .sm90_plan import GEMV_CHUNK, gemv_layout
+from .sm90_plan import GEMV_CHUNK, gemv_layout, gemv_ring_next, gemv_ring_start
 from .sm90_decode_ptx import (_adecode_prmt, _bcast, _byte_form, _ld_cluster_v4f, _scales_x128, _sts_v4f, _wdecode,
                               weight_scales_x128)
 from .sm90_epilogue_ptx import pair_blocks, store_yt_pairs
@@ -282,8 +282,9 @@ class _Sm90Gemv:
             # the scale-ring offset of k-tile kt's slot (the weight ring's is twice it), wo = the slot k-tile
             # kt + RING - 1 refills (the one k-tile kt - 1 read), gw / gs = that k-tile's weight and scale sources
             run = cute.make_rmem_tensor((2,), Int32)
-            run[0] = Int32(0)
-            run[1] = Int32((RING - 1) * NT * 8)
+            r0, r1 = gemv_ring_start(RING, NT * 8)
+            run[0] = Int32(r0)
+            run[1] = Int32(r1)
             src = cute.make_rmem_tensor((2,), Int64)
             src[0] = wsrc + Int64(kt_abs0 + RING - 1) * 2048
             src[1] = ssrc + Int64(kt_abs0 + RING - 1) * 256
@@ -483,9 +484,7 @@ class _Sm90Gemv:
 
     def _advance_ring(self, c, run, src):
         """One k-tile on: the slot just read is the next one refilled; the read slot wraps after RING."""
-        run[1] = run[0]
-        nxt = run[0] + c.NT * 8
-        run[0] = cutlass.select_(nxt == c.RING * c.NT * 8, Int32(0), nxt)
+        run[0], run[1] = gemv_ring_next(run[0], c.NT * 8, c.RING, lambda cnd, a, b: cutlass.select_(cnd, Int32(a), b))
         src[0] = src[0] + 2048
         src[1] = src[1] + 256
 

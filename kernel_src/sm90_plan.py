@@ -279,6 +279,20 @@ def ring_slot(g, stages: int):
     return g % stages, (g // stages) & 1
 
 
+def gemv_ring_start(ring: int, slot_bytes: int):
+    """The gemv tile_m 16 weight ring's running offsets at k-tile 0: (read, refill) = (slot 0, slot ring - 1), in
+    units of `slot_bytes` (the prologue fills slots 0 .. ring - 2)."""
+    return 0, (ring - 1) * slot_bytes
+
+
+def gemv_ring_next(read, slot_bytes: int, ring: int, select):
+    """(read, refill) one k-tile on: the slot just read is the next one refilled (k-tile kt + ring - 1 is kt - 1
+    modulo ring), and the read slot wraps after `ring` slots.  `select(cond, a, b)`: the kernel passes the DSL's
+    select, tests/test_sm90_gemv.py a Python one, so both walk the ring with this one function."""
+    nxt = read + slot_bytes
+    return select(nxt == ring * slot_bytes, 0, nxt), read
+
+
 def split_k_share(rank, num_kt, ksplit: int):
     """Split K: (first k-tile, k-tiles) of cluster rank `rank` when `ksplit` CTAs share a tile's `num_kt`."""
     nk = num_kt // ksplit

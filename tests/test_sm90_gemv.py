@@ -141,16 +141,16 @@ class _Rings:
     def commit(self):
         self.groups.append([])
 
-    def issue(self, kind, x):
-        slot = x % (self.R if kind == "w" else self.RA)
+    def issue(self, kind, x, slot=None):
+        slot = x % (self.R if kind == "w" else self.RA) if slot is None else slot
         old = self.slots[kind].get(slot)
         assert old is None or old in self.used[kind], \
             f"{kind}{x} overwrites {kind}{old} before it was read (nph={self.nph})"
         self.slots[kind][slot] = x
         self.groups[-1].append((kind, x))
 
-    def read(self, kind, x, n_pending):
-        slot = x % (self.R if kind == "w" else self.RA)
+    def read(self, kind, x, n_pending, slot=None):
+        slot = x % (self.R if kind == "w" else self.RA) if slot is None else slot
         done = self.groups[:len(self.groups) - n_pending]
         assert any((kind, x) in g for g in done) and self.slots[kind][slot] == x, (self.nph, kind, x)
         self.used[kind].add(x)
@@ -207,14 +207,19 @@ def _replay_chunks(nph: int, lay) -> None:
             for q in range(min(2, nch)):
                 st.issue("a", q)
     st.read("a", 0, R - 2)
+    # the loop walks the weight ring with the kernel's running offsets (any slot size: 24 bytes here), not kt % R
+    B = 24
+    ro, wo = plan.gemv_ring_start(R, B)
     for cq in range(nch):
         for pl in range(min(CH, nph - CH * cq)):
             for h in range(2):
                 kt = 2 * (CH * cq + pl) + h
-                st.read("w", kt, R - 2)
+                assert ro % B == 0 and 0 <= ro < R * B and wo % B == 0 and 0 <= wo < R * B
+                st.read("w", kt, R - 2, slot=ro // B)
                 st.commit()
                 if kt + R - 1 < nk:
-                    st.issue("w", kt + R - 1)
+                    st.issue("w", kt + R - 1, slot=wo // B)
+                ro, wo = plan.gemv_ring_next(ro, B, R, lambda c, a, b: a if c else b)
                 if h == 0 and pl == 0 and cq + 2 < nch:
                     st.issue("a", cq + 2)
         if cq + 1 < nch:
