@@ -13,7 +13,9 @@ handshake:
   (a warp-uniform branch), so one variant serves every M <= 64 at the MMA cost of its rows.
 * **Weights through a per-thread cp.async ring**, ``RING`` k-tiles deep (each thread copies its own 16-byte word
   and 8 scale bytes and reads them back itself: no barrier, no mbarrier).  A CTA keeps RING - 1 k-tiles of its
-  weight in flight.
+  weight in flight.  At tile_m 16 the loop carries the read and refill slot offsets and the refill's source
+  addresses from k-tile to k-tile (``sm90_plan.gemv_ring_next``) rather than computing ``kt % RING`` and 64-bit
+  products each time (docs/PERF.md, session 22).
 * **Activations.** The CTA's K range is walked in phases of 128 k.  Each thread copies (cp.async, in the same
   groups as the weights, (RING + 1) / 2 phases ahead) and later decodes one or two 32-k chunks of one row (256
   tasks per phase) -- its own bytes again -- into a double-buffered, XOR-swizzled fp16 tile that the warps read

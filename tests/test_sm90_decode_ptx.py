@@ -14,6 +14,7 @@ pytest.importorskip("cutlass")
 import numpy as np                                       # noqa: E402
 
 from svdq_kernels import sm90_decode_ptx as ptx          # noqa: E402
+from svdq_kernels import sm90_plan as plan               # noqa: E402
 from svdq_kernels import sm90_wgmma_w4a4 as sm90         # noqa: E402
 from svdq_loader.ops import GEMM_W4A4                     # noqa: E402
 from svdq_loader.ops import sm90_weight_format as fmt    # noqa: E402
@@ -103,11 +104,13 @@ def test_the_multiply_form_compiles_to_three_fewer_instructions_per_weight_word(
     """The loop decodes `words` weight words (8 per gemv phase; 4 per k-tile and warpgroup, 8 k-tiles deep, in
     the ws form).  With ``mul`` ptxas keeps one IMAD per multiplied pair (constants 2^9 + 2^3 and 2^6 + 2^2), and
     each k-block's scale pair converts without a shift or mask: three instructions fewer per word, with the same
-    MMAs, the same conversions and no stack frame."""
+    MMAs, the same conversions, no stack frame and (gemv) the same CTAs per SM."""
     regs_s, loop_s, body_s = _step_loop(knobs, "shift", tmp_path, monkeypatch)
     regs_m, loop_m, body_m = _step_loop(knobs, "mul", tmp_path, monkeypatch)
     assert loop_m["hmma"] == loop_s["hmma"] > 0
-    assert regs_m <= regs_s + 2
+    assert regs_m <= regs_s + 4                      # ptxas' allocation moves by a few either way
+    if knobs["schedule"] == "gemv":                  # and the gemv tile keeps its CTAs per SM
+        assert plan.GEMV_LAYOUTS[(knobs["tile_m"], knobs["tile_n"])].fits_registers(regs_m)
     assert loop_s["instructions"] - loop_m["instructions"] == 3 * words, (loop_s, loop_m)
 
     def count(body, pattern):
