@@ -280,9 +280,9 @@ class _Sm90Gemv:
                     if apq[i] < nph:
                         self._decode_raw(c, 0, i)
             cute.arch.sync_threads()
-            # the weight ring walked with running offsets instead of `kt % RING` and `kt * 2048` per k-tile: ro =
-            # the scale-ring offset of k-tile kt's slot (the weight ring's is twice it), wo = the slot k-tile
-            # kt + RING - 1 refills (the one k-tile kt - 1 read), gw / gs = that k-tile's weight and scale sources
+            # the weight ring walked with running offsets instead of `kt % RING` and `kt * 2048` per k-tile: run =
+            # (the slot k-tile kt reads, the slot k-tile kt + RING - 1 refills: the one k-tile kt - 1 read) as
+            # scale-ring offsets (the weight ring's are twice them); src = that refill's weight and scale sources
             run = cute.make_rmem_tensor((2,), Int32)
             r0, r1 = gemv_ring_start(RING, NT * 8)
             run[0] = Int32(r0)
@@ -486,7 +486,8 @@ class _Sm90Gemv:
 
     def _advance_ring(self, c, run, src):
         """One k-tile on: the slot just read is the next one refilled; the read slot wraps after RING."""
-        run[0], run[1] = gemv_ring_next(run[0], c.NT * 8, c.RING, lambda cnd, a, b: cutlass.select_(cnd, Int32(a), b))
+        pick = lambda cnd, a, b: cutlass.select_(cnd, Int32(a), b)            # noqa: E731
+        run[0], run[1] = gemv_ring_next(run[0], c.NT * 8, c.RING, pick)
         src[0] = src[0] + 2048
         src[1] = src[1] + 256
 
