@@ -31,23 +31,26 @@ def _asm(res, ins, text, cons):
                                  asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
+def _scales_x128_ptx(decl: str, setup: str, src: str) -> str:
+    """PTX: two E4M3 bytes in the 16-bit register `src` (declared by `decl`, filled from $1 by `setup`) -> $0 =
+    fp16x2 of (scale · 2^7)."""
+    return ("{\n\t%s\n\t.reg .b32 c;\n\t%s\n\t"
+            "cvt.rn.f16x2.e4m3x2 $0, %s;\n\tmov.b32 c, %d;\n\tmul.rn.f16x2 $0, $0, c;\n\t}"
+            % (decl, setup, src, _F16X2_128))
+
+
 @dsl_user_op
 def _scales_x128(two_e4m3, *, loc=None, ip=None):
     """Low 16 bits = two E4M3 bytes -> fp16x2 of (scale · 2^7), exact."""
-    return _asm(None, [two_e4m3],
-                "{\n\t.reg .b16 t;\n\t.reg .b32 c;\n\tcvt.u16.u32 t, $1;\n\t"
-                "cvt.rn.f16x2.e4m3x2 $0, t;\n\tmov.b32 c, %d;\n\tmul.rn.f16x2 $0, $0, c;\n\t}" % _F16X2_128,
-                "=r,r")
+    return _asm(None, [two_e4m3], _scales_x128_ptx(".reg .b16 t;", "cvt.u16.u32 t, $1;", "t"), "=r,r")
 
 
 @dsl_user_op
 def _scales_x128_half(word, half: int, *, loc=None, ip=None):
     """The two E4M3 bytes in 16-bit half `half` of `word` -> fp16x2 of (scale · 2^7), exact; the half is a
     register operand of the conversion, so no shift or mask extracts it."""
-    return _asm(None, [word],
-                "{\n\t.reg .b16 l, h;\n\t.reg .b32 c;\n\tmov.b32 {l, h}, $1;\n\t"
-                "cvt.rn.f16x2.e4m3x2 $0, %s;\n\tmov.b32 c, %d;\n\tmul.rn.f16x2 $0, $0, c;\n\t}"
-                % ("h" if half else "l", _F16X2_128), "=r,r")
+    return _asm(None, [word], _scales_x128_ptx(".reg .b16 l, h;", "mov.b32 {l, h}, $1;", "h" if half else "l"),
+                "=r,r")
 
 
 def weight_scales_x128(word, half: int):

@@ -462,9 +462,7 @@ class _Sm90Gemv:
 
     def _read_w(self, c, kt):
         """Wait for k-tile kt's group (RING - 1 in flight), then this thread's weight words and scale bytes."""
-        _cp_wait(c.RING - 2)
-        slot = kt % c.RING
-        return _lds_v4(c.wring + slot * (c.NT * 16)), _lds_v2(c.sring + slot * (c.NT * 8))
+        return self._read_w_at(c, (kt % c.RING) * (c.NT * 8))
 
     def _decode_w(self, wv, sv, afr, at):
         """One k-tile's weight words and scale bytes -> its 16 A fragment registers afr[at .. at+16) (exact fp16)."""
@@ -475,12 +473,13 @@ class _Sm90Gemv:
                 afr[at + 4 * kb + p] = _wdecode(wv[kb], sbc[p % 2], p)
 
     def _read_w_at(self, c, ro):
-        """`_read_w` with the slot given by its scale-ring offset ro (the weight ring's offset is 2 ro)."""
+        """Wait for the slot at scale-ring offset ro (the weight ring's is 2 ro; RING - 1 groups in flight), then
+        this thread's weight words and scale bytes there."""
         _cp_wait(c.RING - 2)
         return _lds_v4(c.wring + 2 * ro), _lds_v2(c.sring + ro)
 
     def _copy_w_to(self, c, wo, gw, gs):
-        """`_copy_w` with the slot given by its scale-ring offset wo and the sources as addresses."""
+        """cp.async this thread's weight word and scale bytes from gw / gs into the slot at scale-ring offset wo."""
         _cp16(c.wring + 2 * wo, gw)
         _cp8(c.sring + wo, gs)
 
@@ -493,10 +492,8 @@ class _Sm90Gemv:
 
     def _copy_w(self, c, j):
         """cp.async this thread's weight word and scale bytes of local k-tile j into ring slot j % RING."""
-        slot = j % c.RING
         kt = Int64(c.kt_abs0 + j)
-        _cp16(c.wring + slot * (c.NT * 16), c.wsrc + kt * 2048)
-        _cp8(c.sring + slot * (c.NT * 8), c.ssrc + kt * 256)
+        self._copy_w_to(c, (j % c.RING) * (c.NT * 8), c.wsrc + kt * 2048, c.ssrc + kt * 256)
 
     def _copy_raw(self, c, q, i):
         """cp.async task i's 16 raw activation bytes and 4 scale bytes of local phase q (tile_m 64) or of its phase

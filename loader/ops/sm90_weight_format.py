@@ -67,7 +67,7 @@ PAIR_DECODES = {
 }
 
 
-def decode_pair_bits(words, p: int, form: str = "shift"):
+def decode_pair_bits(words, p: int, form: str):
     """The fp16x2 bit patterns of pair p of `words` (ints, or int64 tensors / arrays of 32-bit words), computed
     with the kernel's own terms for `form` (`PAIR_DECODES`)."""
     out = 0
