@@ -24,9 +24,12 @@ The kernel computes the transposed product ``Yᵀ[n, m] = Σ_k W[n,k]·A[m,k]`` 
 * **Scale bookkeeping.** Both operands carry a factor ``2^-7``; the epilogue multiplies the
   accumulators by ``2^14·wcscale[n]`` (exact: a power of two), *then* adds LoRA as extra
   wgmmas into the same accumulators (``lora_up`` from SMEM as A, ``lora_act_in`` from SMEM as
-  B, output dtype, rank in chunks of up to 64), then ``bias[n]``.  The store transposes accumulator pairs across
-  the warp (``sm90_epilogue_ptx``: ``movmatrix``, then one 32-bit store per two output columns, rows >= m predicated
-  off); it made the images tiles 5-6 % faster at K = 3072 (docs/PERF.md, session 12).
+  B, output dtype, rank in chunks of up to 64), then ``bias[n]``, each operand loaded when its step comes.  The
+  experiment build ``SVDQ_KERNEL_SM90_EPILOGUE=early`` (``EPILOGUE`` below; not yet timed) takes those global
+  round trips out from between the main loop and the store where the registers allow it.  The store
+  transposes accumulator pairs across the warp (``sm90_epilogue_ptx``: ``movmatrix``, then one 32-bit store per
+  two output columns, rows >= m predicated off); it made the images tiles 5-6 % faster at K = 3072 (docs/PERF.md,
+  session 12).
 * **Persistent tiles.** grid = min(sm_count, tiles) CTAs (``sm_count`` is a host argument the
   loader fills from the device), each walking tiles ``blockIdx.x, +gridDim.x, ...``; within
   an M band the N tiles are adjacent, so CTAs running together share activation rows.
@@ -73,13 +76,15 @@ access; docs/design.md section 6).
 Preconditions (the loader enforces them): 16-byte aligned contiguous tensors, m >= 1,
 n % tile_n == 0, k % 128 == 0, element offsets < 2^31; weights in the sm90 fragment format.
 """
+import os
+
 import cuda.bindings.driver as cuda
 
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float16, Float32, Int32, Int64, Uint16
-from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 
 try:
     from cutlass.tensor_utils import LayoutEnum
@@ -92,6 +97,15 @@ from .sm90_decode_ptx import (_adecode, _adecode_prmt, _bcast, _bulk_g2s, _byte_
 from .sm90_epilogue_ptx import pair_blocks, store_yt_pairs
 from .sm90_plan import (TILE_K, THREADS, WS_CONSUMER_REGS, WS_PRODUCER_REGS, _Cfg, _lora_chunk, _problem,
                         _smem_plan, is_ws, k_unroll, ksplit_of, ring_slot, split_k_share, threads_of)
+
+#: Where the epilogue's operands are loaded (an experiment, not yet timed; chosen at build time with
+#: ``SVDQ_KERNEL_SM90_EPILOGUE``, which like every ``SVDQ_KERNEL_*`` switch enters the build cache key and the
+#: manifest): ``late``, the default, loads wcscale at the start of a tile's epilogue, each LoRA chunk just before its
+#: MMAs and the bias after them; ``early`` loads wcscale and bias before the main loop's last wgmma wait and, under
+#: ``ws`` without split K, copies a one-chunk LoRA into its SMEM with cp.async when the tile starts.
+EPILOGUE = os.environ.get("SVDQ_KERNEL_SM90_EPILOGUE", "late")
+if EPILOGUE not in ("late", "early"):
+    raise ValueError(f"SVDQ_KERNEL_SM90_EPILOGUE={EPILOGUE!r}: the sm_90a epilogue form must be one of early, late")
 
 _OUT_DTYPES = {"fp16": Float16, "bf16": BFloat16}
 _ACC_UNSCALE = float(2 ** 14)
@@ -138,6 +152,11 @@ class _Sm90Wgmma:
         self.wsets = cfg.wsets                   # ws*: raw weight register sets of the MMA warps
         self.unroll = k_unroll(cfg)              # ws*: k-tiles per unrolled main-loop step
         self.images = cfg.act_source == "images"  # ws*: `act` holds decode_act's stage images
+        # EPILOGUE early: ws without split K, a LoRA of one chunk (ranks 16, 32, 64) is copied into its SMEM at the
+        # start of a tile.  Not under split K, and not for ranks of several chunks: there the 256-row tile spills
+        # (ptxas keeps the later chunks' addresses live through the main loop, or the split's reduction needs them)
+        self.early = EPILOGUE == "early"
+        self.lora_prefetch = self.early and self.ws and self.ks == 1 and cfg.rank > 0 and cfg.rank == self.rc
 
     @cute.jit
     def __call__(self, act: cute.Pointer, ascales: cute.Pointer, wgt: cute.Pointer, wscales: cute.Pointer,
@@ -340,9 +359,13 @@ class _Sm90Wgmma:
                     self._load_w(mWq, mWs, wblk, num_kt, tidx, nxt, wraw[rs], wsc[rs])
                     cute.arch.fence_proxy("async.shared", space="cta")
                     cute.arch.sync_threads()
-            warpgroup.wait_group(0)
-
-            self._epilogue(p_la, p_lu, p_wc, p_bias, base, m, n, m0, n0, tidx, wg, acc)
+            if cutlass.const_expr(self.early):
+                affine = self._load_affine(p_wc, p_bias, n, n0, tidx, wg)
+                warpgroup.wait_group(0)
+            else:
+                warpgroup.wait_group(0)
+                affine = self._load_affine(p_wc, p_bias, n, n0, tidx, wg, with_bias=False)
+            self._epilogue(p_la, p_lu, p_bias, base, m, n, m0, n0, tidx, wg, affine, acc)
             self._store_out(p_out, m, n, m0, n0, tidx, wg, acc)
             # every warpgroup is past its last read of the stages before the next tile rewrites them
             cute.arch.sync_threads()
@@ -473,6 +496,9 @@ class _Sm90Wgmma:
                     self._load_w(mWq, mWs, wblk, num_kt, ctid, _k(kabs, j), wraw[j], wsc[j])
                 self._decode_w(fragW[0], wraw[0], wsc[0])
                 self._load_w(mWq, mWs, wblk, num_kt, ctid, _k(kabs, cutlass.min(W, nk - 1)), wraw[0], wsc[0])
+                if cutlass.const_expr(self.lora_prefetch):
+                    # the LoRA rides in during the main loop (its SMEM is idle until the epilogue)
+                    self._lora_prefetch(p_la, p_lu, base, m, n, m0, n0, ctid)
                 for ktu in cutlass.range(0, nk, U, unroll=1):
                     for u in cutlass.range_constexpr(U):
                         kt = ktu + u
@@ -497,6 +523,9 @@ class _Sm90Wgmma:
                         self._decode_w(fragW[1 - half], wraw[ws_], wsc[ws_])
                         nxt = cutlass.min(kt + 1 + W, nk - 1)
                         self._load_w(mWq, mWs, wblk, num_kt, ctid, _k(kabs, nxt), wraw[ws_], wsc[ws_])
+                if cutlass.const_expr(KS == 1 and self.early):
+                    # the affine's loads overlap the last wgmmas (under split K they would live through the reduction)
+                    affine = self._load_affine(p_wc, p_bias, n, n0, ctid, cwg)
                 warpgroup.wait_group(0)
                 if lane == 0:
                     cute.arch.mbarrier_arrive(bars + S + (g0 + nk - 1) % S)
@@ -521,19 +550,36 @@ class _Sm90Wgmma:
                     cute.arch.cluster_arrive()
                     cute.arch.cluster_wait()
                     if rank == 0:
-                        self._epilogue(p_la, p_lu, p_wc, p_bias, base, m, n, m0, n0, ctid, cwg, acc)
+                        # (bias after the LoRA: with it loaded first, the 256-row tile spills)
+                        aff = self._load_affine(p_wc, p_bias, n, n0, ctid, cwg, with_bias=False)
+                        self._epilogue(p_la, p_lu, p_bias, base, m, n, m0, n0, ctid, cwg, aff, acc)
                         self._store_out(p_out, m, n, m0, n0, ctid, cwg, acc)
                 else:
-                    self._epilogue(p_la, p_lu, p_wc, p_bias, base, m, n, m0, n0, ctid, cwg, acc)
+                    if cutlass.const_expr(self.early):
+                        self._epilogue(p_la, p_lu, p_bias, base, m, n, m0, n0, ctid, cwg, affine, acc,
+                                       lora_ready=self.lora_prefetch)
+                    else:
+                        aff = self._load_affine(p_wc, p_bias, n, n0, ctid, cwg, with_bias=False)
+                        self._epilogue(p_la, p_lu, p_bias, base, m, n, m0, n0, ctid, cwg, aff, acc)
                     self._store_out(p_out, m, n, m0, n0, ctid, cwg, acc)
 
-    def _epilogue(self, p_la, p_lu, p_wc, p_bias, base, m, n, m0, n0, tidx, wg, acc):
-        """acc *= 2^14·wcscale[n]; LoRA; + bias (the store, with its run-time predicate, stays in the kernel
-        body).  tidx: the thread's index among the 256 MMA threads, wg: its MMA warpgroup (0 or 1)."""
+    def _rows_out(self, n0, tidx, wg):
+        """The output rows (weight rows) of MMA thread `tidx` of warpgroup `wg`: two per 64-row atom."""
         row0 = n0 + wg * 64 + (tidx % 128) // 32 * 16 + (tidx % 32) // 4
-        rows_out = [row0 + a * 128 + 8 * h for a in range(self.atoms) for h in range(2)]
-        nacc = cute.size(acc)
-        per_atom = nacc // self.atoms
+        return [row0 + a * 128 + 8 * h for a in range(self.atoms) for h in range(2)]
+
+    def _load_bias(self, p_bias, n, rows_out):
+        mB = cute.make_tensor(p_bias, cute.make_layout((n,), stride=(1,)))
+        bv = cute.make_rmem_tensor((2 * self.atoms,), Float32)
+        for i in range(2 * self.atoms):
+            bv[i] = mB[rows_out[i]]
+        return bv
+
+    def _load_affine(self, p_wc, p_bias, n, n0, tidx, wg, with_bias=True):
+        """(2^14·wcscale, bias or None) of the thread's output rows, in registers.  Loaded before the main loop's
+        last wgmma wait, so their global round trip overlaps it; without ``with_bias`` the epilogue loads the bias
+        after the LoRA (fewer live registers there)."""
+        rows_out = self._rows_out(n0, tidx, wg)
         coef = cute.make_rmem_tensor((2 * self.atoms,), Float32)
         for i in range(2 * self.atoms):
             if self.cfg.wcscale:
@@ -541,17 +587,26 @@ class _Sm90Wgmma:
                 coef[i] = mWc[rows_out[i]] * Float32(_ACC_UNSCALE)
             else:
                 coef[i] = Float32(_ACC_UNSCALE)
+        bv = self._load_bias(p_bias, n, rows_out) if self.cfg.bias and with_bias else None
+        return coef, bv
+
+    def _epilogue(self, p_la, p_lu, p_bias, base, m, n, m0, n0, tidx, wg, affine, acc, lora_ready=False):
+        """acc *= 2^14·wcscale[n]; LoRA; + bias (the store, with its run-time predicate, stays in the kernel
+        body).  tidx: the thread's index among the 256 MMA threads, wg: its MMA warpgroup (0 or 1); affine:
+        ``_load_affine``'s registers; lora_ready: the LoRA's first chunk is already on its way to SMEM
+        (``_lora_prefetch``)."""
+        coef, bv = affine
+        nacc = cute.size(acc)
+        per_atom = nacc // self.atoms
         for i in range(nacc):
             acc[i] = acc[i] * coef[(i // per_atom) * 2 + (i // 2) % 2]
 
         if self.rank > 0:
-            self._lora(p_la, p_lu, base, m, n, m0, n0, tidx, acc)
+            self._lora(p_la, p_lu, base, m, n, m0, n0, tidx, acc, lora_ready)
 
         if self.cfg.bias:
-            mB = cute.make_tensor(p_bias, cute.make_layout((n,), stride=(1,)))
-            bv = cute.make_rmem_tensor((2 * self.atoms,), Float32)
-            for i in range(2 * self.atoms):
-                bv[i] = mB[rows_out[i]]
+            if bv is None:
+                bv = self._load_bias(p_bias, n, self._rows_out(n0, tidx, wg))
             for i in range(nacc):
                 acc[i] = acc[i] + bv[(i // per_atom) * 2 + (i // 2) % 2]
 
@@ -563,10 +618,8 @@ class _Sm90Wgmma:
         store_yt_pairs(p_out.toint(), n, m, m0, nw, tidx % 32, acc, pair_blocks(self.atoms, self.tm),
                        self.cfg.out_dtype)
 
-    def _stage_la(self, mLA, sLA, vbuf, m, m0, ch, vpr, v):
-        """One 16-byte vector `v` of a lora_act_in chunk -> SMEM (rows >= m as zeros)."""
-        r = v // vpr
-        cv = v % vpr
+    def _stage_la(self, mLA, sLA, vbuf, m, m0, ch, vpr, r, cv):
+        """Vector `cv` of row `r` of a lora_act_in chunk -> SMEM (rows >= m as zeros)."""
         cute.autovec_copy(cute.local_tile(mLA, (1, 8), (cutlass.min(m0 + r, m - 1), ch * vpr + cv)), vbuf)
         ok = (m0 + r) < m
         for e in range(8):
@@ -581,8 +634,9 @@ class _Sm90Wgmma:
         else:
             cute.arch.sync_threads()
 
-    def _lora(self, p_la, p_lu, base, m, n, m0, n0, tidx, acc):
-        """acc[n, m] += Σ_r lora_up[n, r]·lora_act_in[m, r], in chunks of ``rc`` ranks through SMEM."""
+    def _lora_views(self, p_la, p_lu, base, m, n):
+        """The LoRA operands in global memory (lora_act_in [m, R], lora_up [n, R]) and their SMEM chunk buffers
+        (lora_up as the wgmma A operand, lora_act_in as B; ``rc`` ranks each)."""
         tm, tn, R, rc = self.tm, self.tn, self.rank, self.rc
         ldt = self.out_dtype
         mLA = cute.make_tensor(p_la, cute.make_layout((m, R), stride=(R, 1)))
@@ -595,6 +649,58 @@ class _Sm90Wgmma:
                                lay_lu.outer)
         sLA = cute.make_tensor(cute.recast_ptr(base + self.plan["la_offset"], lay_la.inner, dtype=ldt),
                                lay_la.outer)
+        return mLA, mLU, sLU, sLA
+
+    def _lora_vectors(self, tidx):
+        """The 16-byte vectors of one chunk this thread copies: ``(lu, la)``, each a generator of (row, vector in
+        row), so the index arithmetic is traced next to each copy.  Where the lora_act_in vectors do not divide
+        over the 256 threads (the 64-row tile at a 16-rank chunk: 128; the 224-row tile: 448 or 896), the spare
+        threads copy a vector another thread copies too (the same bytes to the same address), so no thread needs a
+        branch."""
+        vpr = self.rc // 8                  # 16-byte vectors per row of a chunk
+        nla = self.tm * vpr                 # 16-byte vectors of the lora_act_in chunk
+
+        def lu():
+            for i in range(self.tn * vpr // THREADS):
+                v = tidx + i * THREADS
+                yield v // vpr, v % vpr
+
+        def la():
+            for i in range((nla + THREADS - 1) // THREADS):
+                v = tidx + i * THREADS
+                if cutlass.const_expr((i + 1) * THREADS > nla):
+                    v = v % nla if nla < THREADS else cutlass.min(v, nla - 1)
+                yield v // vpr, v % vpr
+        return lu(), la()
+
+    def _lora_prefetch(self, p_la, p_lu, base, m, n, m0, n0, tidx):
+        """ws schedules: cp.async the LoRA's first chunk into its own SMEM at the start of a tile, so its global
+        round trip overlaps the main loop (``_lora`` waits for it).  Rows >= m copy row m - 1: they only feed
+        accumulator columns that are never stored."""
+        mLA, mLU, sLU, sLA = self._lora_views(p_la, p_lu, base, m, n)
+        vpr = self.rc // 8
+        atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.out_dtype,
+                                   num_bits_per_copy=128)
+        lu, la = self._lora_vectors(tidx)
+
+        def vec(t):
+            # (1, 8) -> one mode of 8 elements: the atom's 128 bits are one copy of the whole vector
+            return cute.make_tensor(t.iterator, cute.make_layout((8, 1), stride=(1, 0)))
+        for r, cv in lu:
+            cute.copy(atom, vec(cute.local_tile(mLU, (1, 8), (n0 + r, cv))),
+                      vec(cute.local_tile(sLU[None, None, 0], (1, 8), (r, cv))))
+        for r, cv in la:
+            cute.copy(atom, vec(cute.local_tile(mLA, (1, 8), (cutlass.min(m0 + r, m - 1), cv))),
+                      vec(cute.local_tile(sLA[None, None, 0], (1, 8), (r, cv))))
+        cute.arch.cp_async_commit_group()
+
+    def _lora(self, p_la, p_lu, base, m, n, m0, n0, tidx, acc, chunk0_ready=False):
+        """acc[n, m] += Σ_r lora_up[n, r]·lora_act_in[m, r], in chunks of ``rc`` ranks through SMEM.
+        chunk0_ready: ``_lora_prefetch`` issued chunk 0's copies; this thread waits for its own, the barrier
+        after it for everyone's."""
+        tm, R, rc = self.tm, self.rank, self.rc
+        ldt = self.out_dtype
+        mLA, mLU, sLU, sLA = self._lora_views(p_la, p_lu, base, m, n)
         lmma = sm90_utils.make_trivial_tiled_mma(ldt, ldt, OperandMajorMode.K, OperandMajorMode.K, Float32,
                                                  (2, 1, 1), (64, tm))
         lmma.set(warpgroup.Field.ACCUMULATE, True)
@@ -603,23 +709,18 @@ class _Sm90Wgmma:
         tLrB = lmma.make_fragment_B(thr.partition_B(sLA))
         vpr = rc // 8                       # 16-byte vectors per row of a chunk
         vbuf = cute.make_rmem_tensor((8,), ldt)
-        self._mma_sync()                    # coop: the main loop's stages are free; ws: the last chunk is read
+        if not chunk0_ready:
+            self._mma_sync()                # coop: the main loop's stages are free; ws: the last chunk is read
         for ch in range(R // rc):
-            for i in range(tn * vpr // THREADS):
-                v = tidx + i * THREADS
-                r = v // vpr
-                cv = v % vpr
-                cute.autovec_copy(cute.local_tile(mLU, (1, 8), (n0 + r, ch * vpr + cv)), vbuf)
-                cute.autovec_copy(vbuf, cute.local_tile(sLU[None, None, 0], (1, 8), (r, cv)))
-            nla = tm * vpr                  # 16-byte vectors of the lora_act_in chunk
-            for i in range((nla + THREADS - 1) // THREADS):
-                # where the vectors do not divide over the 256 threads (the 64-row tile at a 16-rank chunk: 128;
-                # the 224-row tile: 448 or 896), the spare threads copy a vector another thread copies too (the
-                # same bytes to the same address), so no thread needs a branch
-                v = tidx + i * THREADS
-                if cutlass.const_expr((i + 1) * THREADS > nla):
-                    v = v % nla if nla < THREADS else cutlass.min(v, nla - 1)
-                self._stage_la(mLA, sLA, vbuf, m, m0, ch, vpr, v)
+            if chunk0_ready and ch == 0:
+                cute.arch.cp_async_wait_group(0)
+            else:
+                lu, la = self._lora_vectors(tidx)
+                for r, cv in lu:
+                    cute.autovec_copy(cute.local_tile(mLU, (1, 8), (n0 + r, ch * vpr + cv)), vbuf)
+                    cute.autovec_copy(vbuf, cute.local_tile(sLU[None, None, 0], (1, 8), (r, cv)))
+                for r, cv in la:
+                    self._stage_la(mLA, sLA, vbuf, m, m0, ch, vpr, r, cv)
             cute.arch.fence_proxy("async.shared", space="cta")
             self._mma_sync()
             warpgroup.fence()

@@ -374,6 +374,8 @@ def test_compile_produces_a_clean_sm90a_cubin(knobs, tmp_path):
     assert "LDG.E.128" in sass and "STS.128" in sass
     assert "F2FP.F16.E4M3.UNPACK" in sass
     assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass          # one wgmma group kept in flight
+    assert "LDGSTS" not in sass              # the default epilogue copies no LoRA with cp.async (the early one:
+    #                                          test_the_early_epilogue_copies_a_one_chunk_lora_at_tile_start)
     # the output store: one movmatrix transpose and one 32-bit store per accumulator pair, no 16-bit stores
     pairs = k["tile_n"] // 128 * k["tile_m"] // 4          # per 64-row atom: tile_m / 2 accumulators per thread
     assert sass.count("MOVM.16.MT88") == pairs, sass.count("MOVM.16.MT88")
@@ -399,6 +401,53 @@ def test_compile_produces_a_clean_sm90a_cubin(knobs, tmp_path):
         assert "SYNCS.ARRIVE.TRANS64" in sass and "SYNCS.PHASECHK.TRANS64" in sass      # the mbarrier ring
         assert usage["registers"] == fam.WS_ENTRY_REGS
         assert "mbarrier.init.shared" in ptx or "mbarrier.init" in ptx
+
+
+# the forms configs/flux.yaml builds: at one-chunk ranks (16, 32, 64) under ws the early epilogue copies the LoRA at
+# tile start; at a rank of several chunks, under split K and in the coop form it does not (the 256-row tile spills)
+EARLY_CASES = [
+    dict(out_dtype="bf16", rank=32, tile_m=208, schedule="ws", wsets=4, act_source="images"),
+    dict(out_dtype="fp16", rank=64, tile_m=256, schedule="ws", act_source="images"),
+    dict(out_dtype="bf16", rank=16, tile_m=64, schedule="ws", wsets=8, act_source="images"),
+    dict(out_dtype="fp16", rank=32, tile_m=128, schedule="ws", prefetch=2),
+    dict(out_dtype="bf16", rank=96, tile_m=256, schedule="ws", act_source="images"),
+    dict(out_dtype="bf16", rank=64, tile_m=256, schedule="ws_splitk2", act_source="images"),
+    dict(out_dtype="fp16", rank=128, tile_m=256, schedule="coop"),
+]
+
+
+@pytest.mark.parametrize("knobs", EARLY_CASES, ids=lambda k: "-".join(f"{a}={b}" for a, b in k.items()))
+def test_the_early_epilogue_copies_a_one_chunk_lora_at_tile_start(knobs, tmp_path, monkeypatch):
+    """SVDQ_KERNEL_SM90_EPILOGUE=early (an experiment build): every form still compiles without a stack frame, and
+    exactly the ws forms without split K at a one-chunk rank issue the chunk's 16-byte cp.async copies (lora_up's
+    and lora_act_in's vectors of one thread) and wait for them once."""
+    from svdq_kernels import sm90_wgmma_kernel as kern
+    from svdq_kernels.sm90_plan import _lora_chunk
+    monkeypatch.setattr(kern, "EPILOGUE", "early")
+    k = make_knobs(**dict(dict(prefetch=1, skip_pad=True, act_decode="prmt"), **knobs))
+    name, ck = compile_knobs(k, tmp_path, keep_ptx=True)
+    usage = ck.resource_usage[ck.kernel_symbols[0]]
+    assert usage["stack_frame_bytes"] == 0
+    sass = sass_of_cubin(ck.cubin, tmp_path)
+    ptx = (tmp_path / f"{ck.entry}.{ARCH}.ptx").read_text()
+    assert not re.search(r"\b(STL|LDL)\b", sass)
+    copies = len(re.findall(r"\bLDGSTS\.E\.BYPASS\.128\b", sass))
+    if k["schedule"] == "ws" and _lora_chunk(k["rank"]) == k["rank"]:
+        vpr = k["rank"] // 8
+        assert copies == k["tile_n"] * vpr // 256 + -(-k["tile_m"] * vpr // 256)
+        assert len(re.findall(r"cp\.async\.wait_group\s+0;", ptx)) == 1 and "LDGDEPBAR" in sass
+    else:
+        assert copies == 0
+
+
+def test_the_epilogue_switch_names_its_values():
+    """A bad SVDQ_KERNEL_SM90_EPILOGUE is refused at import with the value and the allowed forms."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", "import svdq_kernels.sm90_wgmma_kernel"], capture_output=True,
+                       text=True, env=dict(__import__("os").environ, SVDQ_KERNEL_SM90_EPILOGUE="soon"))
+    assert r.returncode != 0
+    assert "SVDQ_KERNEL_SM90_EPILOGUE='soon': the sm_90a epilogue form must be one of early, late" in r.stderr
 
 
 def test_build_refuses_a_variant_that_fails_the_static_checks(monkeypatch, tmp_path):
