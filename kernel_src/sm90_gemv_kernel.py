@@ -48,7 +48,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
-from .quantize_act import (_asm, _cp_async4 as _cp4, _cp_async16_cg as _cp16, _cp_commit, _cp_wait, _lds_u32, _lds_v4,
+from .quantize_ptx import (_asm, _cp_async4 as _cp4, _cp_async16_cg as _cp16, _cp_commit, _cp_wait, _lds_u32, _lds_v4,
                            _mma)
 from .sm90_plan import GEMV_CHUNK, gemv_layout, gemv_ring_next, gemv_ring_start
 from .sm90_decode_ptx import (_adecode_prmt, _bcast, _byte_form, _ld_cluster_v4f, _scales_x128, _sts_v4f, _wdecode,

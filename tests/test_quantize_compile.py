@@ -17,6 +17,7 @@ pytest.importorskip("cutlass")
 from kernel_checks import collectives, dump_sass, elf_sm, instructions, loops  # noqa: E402
 from svdq_aot.family import check_family  # noqa: E402
 from svdq_kernels import quantize_act as fam  # noqa: E402
+from svdq_kernels import quantize_plan as plan  # noqa: E402
 from svdq_loader.cubin_info import cubin_info  # noqa: E402
 from svdq_loader.ops import QUANTIZE_ACT, variant_name  # noqa: E402
 
@@ -87,7 +88,7 @@ def test_variant(compiled, case):
     ptx = ck.ptx
     assert ptx and ".entry" in ptx
     # the occupancy the kernel states is the family's table, and its registers fit it
-    want = fam.min_ctas_per_sm(fam._cfg_of(_knobs(arch, dt, r)), arch)
+    want = plan.min_ctas_per_sm(plan._cfg_of(_knobs(arch, dt, r)), arch)
     got = re.findall(r"\.minnctapersm\s+(\d+)", ptx)
     assert got == ([str(want)] if want else []), (got, want)
     threads = fam.threads_for(_knobs(arch, dt, r))
@@ -113,7 +114,7 @@ def test_variant(compiled, case):
                     "nvidia-cuda-nvdisasm) or set SVDQ_ALLOW_NO_SASS=1")
     assert not re.search(r"\b(STL|LDL)\b", sass), "local-memory traffic in the SASS"
     assert ("HMMA" in sass) == (r > 0)
-    if r in fam._RING_RANKS:
+    if r in plan._RING_RANKS:
         # x (and smooth) arrive through cp.async into the per-warp ring: 16-byte copies, no plain loads
         assert re.search(r"LDGSTS\.E\.BYPASS\.128", sass), "x is not copied with cp.async.cg 16-byte chunks"
         # (the range form's workspace reads are GPU-scope STRONG loads, not x)
@@ -194,24 +195,24 @@ def test_lora_tile_copy_plan(rank):
     per-lane base + per-copy constant addresses equal the direct ones (same SMEM slot, same global
     element); and where a 128-byte line spans two or more rows (R >= 32) each copy's 8 consecutive lanes --
     one line -- hit 8 distinct 16-byte SMEM bank groups."""
-    srow = fam._srow
+    srow = plan._srow
     assert sorted(srow(kk) for kk in range(fam.STEP_K)) == list(range(fam.STEP_K))    # a permutation
-    nchunk, pitch = rank // 8, fam._pitch(rank)
+    nchunk, pitch = rank // 8, plan._pitch(rank)
     if nchunk & (nchunk - 1):
         pytest.skip(f"R = {rank}: R / 8 is no power of two, the per-chunk form is used")
     seen = set()
     for i in range(fam.STEP_K * nchunk // 32):
-        kk_i, _ = fam._lora_copy_slot(0, i, nchunk)
+        kk_i, _ = plan._lora_copy_slot(0, i, nchunk)
         for lane in range(32):
-            kk, c = fam._lora_copy_slot(lane, i, nchunk)
-            kk0, c0 = fam._lora_copy_slot(lane, 0, nchunk)
+            kk, c = plan._lora_copy_slot(lane, i, nchunk)
+            kk0, c0 = plan._lora_copy_slot(lane, 0, nchunk)
             assert (kk0 & kk_i) == 0 and kk == kk0 + kk_i and c == c0
             assert (srow(kk0) + srow(kk_i)) * pitch + c0 * 16 == srow(kk) * pitch + c * 16
             assert (kk0 * rank + c0 * 8) + kk_i * rank == kk * rank + c * 8
             seen.add((kk, c))
         if rank >= 32:
             for q in range(4):
-                slots = [fam._lora_copy_slot(lane, i, nchunk) for lane in range(8 * q, 8 * q + 8)]
+                slots = [plan._lora_copy_slot(lane, i, nchunk) for lane in range(8 * q, 8 * q + 8)]
                 assert len({(srow(kk) * pitch + c * 16) // 16 % 8 for kk, c in slots}) == 8, (i, q, slots)
     assert len(seen) == fam.STEP_K * nchunk
 
@@ -221,11 +222,11 @@ def test_ldmatrix_rows_match_the_staging_and_do_not_conflict(rank):
     """Lane mv of ldmatrix matrix (j, h) points at the staged row of the lora_down row whose x̂ value lane
     column t = mv // 2 holds as half e = mv % 2 of word 2j + h (real k 16t + 4j + 2h + e), and a matrix's
     8 rows sit in 8 distinct 16-byte bank groups."""
-    pitch = fam._pitch(rank)
+    pitch = plan._pitch(rank)
     for j in range(4):
         for h in range(2):
-            rows = [16 * j + 8 * h + fam._ldsm_row(mv) for mv in range(8)]
-            assert rows == [fam._srow(16 * (mv >> 1) + 4 * j + 2 * h + (mv & 1)) for mv in range(8)]
+            rows = [16 * j + 8 * h + plan._ldsm_row(mv) for mv in range(8)]
+            assert rows == [plan._srow(16 * (mv >> 1) + 4 * j + 2 * h + (mv & 1)) for mv in range(8)]
             assert len({r * pitch // 16 % 8 for r in rows}) == 8
 
 
@@ -234,11 +235,11 @@ def test_reciprocal_buffer_reads_and_writes_are_conflict_free():
     128-byte run; the four lane columns' 16-byte reads of one chunk hit 4 distinct bank groups; lane column
     t's two chunks are its own 16 k (words 8t .. 8t + 7); and the buffer holds them all."""
     for i in range(2):
-        assert len({fam._rs_chunk(t, i) // 16 % 8 for t in range(4)}) == 4
+        assert len({plan._rs_chunk(t, i) // 16 % 8 for t in range(4)}) == 4
     for t in range(4):
-        words = [(fam._rs_chunk(t, i) + 4 * j) // 4 for i in range(2) for j in range(4)]
+        words = [(plan._rs_chunk(t, i) + 4 * j) // 4 for i in range(2) for j in range(4)]
         assert words == list(range(8 * t, 8 * t + 8))          # word w holds k = 2w, 2w + 1
-    assert fam._rs_chunk(3, 1) + 16 == fam._RS_BYTES == 4 * 32
+    assert plan._rs_chunk(3, 1) + 16 == plan._RS_BYTES == 4 * 32
 
 
 def test_cross_compile_answers_device_queries_from_the_target():
@@ -292,7 +293,7 @@ def test_min_ctas_per_sm_table():
     does not; two m-tiles per warp take at most 1; and each arch has its own exceptions."""
     def hint(arch, rank, warps=4, mtiles=1):
         knobs = dict(dtype="bf16", rank=rank, scale_layout=LAYOUT[arch], warps=warps, mtiles=mtiles)
-        return fam.min_ctas_per_sm(fam._cfg_of(knobs), arch)
+        return plan.min_ctas_per_sm(plan._cfg_of(knobs), arch)
     assert [hint("sm_90a", r) for r in (0, 16, 32, 48, 64, 96, 128)] == [1, 1, 1, 3, 0, 0, 0]
     assert (hint("sm_90a", 48, warps=2), hint("sm_90a", 48, warps=8)) == (6, 1)
     assert hint("sm_90a", 32, warps=2) == 1 and hint("sm_90a", 48, mtiles=2) == 1

@@ -1,6 +1,6 @@
 """Exact reference of ``quantize_act`` (NVFP4 activation quantization + fused LoRA-down).
 
-This module *defines* the arithmetic; the kernel (kernel_src/quantize_act.py)
+This module *defines* the arithmetic; the kernel (kernel_src/quantize_kernel.py)
 must reproduce ``act`` and ``ascales`` bit for bit.  numpy float32 arithmetic
 is IEEE binary32 with round-to-nearest-even and no flush-to-zero, so every
 step below is computed here exactly as written.
