@@ -24,6 +24,14 @@ WS_ENTRY_REGS = 65536 // WS_THREADS // 8 * 8          # 168
 WS_CONSUMER_REGS = 216
 WS_PRODUCER_REGS = (WS_THREADS * WS_ENTRY_REGS - 256 * WS_CONSUMER_REGS) // 128 // 8 * 8
 assert 128 * WS_PRODUCER_REGS + 256 * WS_CONSUMER_REGS <= WS_THREADS * WS_ENTRY_REGS
+#: tile_n 192 (an experiment form: ws, act_source images, not yet run): THREE MMA warpgroups of one 64-row atom
+#: each, 512 threads, so 128 registers per thread at launch.  The images producer (one thread issues the bulk
+#: copies) drops to 24, the MMA warps rise to 160: 128 x 24 + 384 x 160 = 64512 <= 512 x 128.  Measured on the CPU
+#: (session 23): the 128-row ws images tile compiles at 160 MMA registers, ranks 32 and 64, two and four weight
+#: sets, with no stack frame and no full wgmma wait in its main loop.
+WIDE_TILE_N = 192
+WIDE_REGS = (65536 // 512 // 8 * 8, 24, 160)     # (at launch, producer, MMA warps)
+assert 128 * WIDE_REGS[1] + 384 * WIDE_REGS[2] <= 512 * WIDE_REGS[0]
 SMEM_LIMIT_BYTES = 227 * 1024
 #: ranks the two-way split-K kernel compiles without a stack frame at more than 64 accumulator registers (the
 #: 256-row images tile; session 14)
@@ -199,10 +207,23 @@ def _gemv_problem(cfg: _Cfg) -> Optional[str]:
 def _problem(cfg: _Cfg) -> Optional[str]:
     if is_gemv(cfg):
         return _gemv_problem(cfg)
-    if cfg.tile_n % 128:
+    if cfg.tile_n == WIDE_TILE_N:
+        if cfg.schedule != "ws" or cfg.act_source != "images":
+            return (f"tile_n {cfg.tile_n} with schedule {cfg.schedule} and act_source {cfg.act_source}: three MMA "
+                    f"warpgroups leave {WIDE_REGS[1]} registers to the producer, enough for the one thread that "
+                    f"bulk-copies stage images (ws, act_source images, no split K) and not for a decoding producer")
+        if cfg.tile_m > 128:
+            return (f"tile {cfg.tile_m}x{cfg.tile_n}: {cfg.tile_m // 2} accumulator registers per MMA thread do not "
+                    f"fit the {WIDE_REGS[2]} registers three MMA warpgroups leave each (512 threads, "
+                    f"{WIDE_REGS[0]} per thread at launch); 64 or 128 rows do")
+        if cfg.rank > 64:
+            return (f"tile_n {cfg.tile_n} with rank {cfg.rank}: the LoRA of more than one 64-rank chunk is not "
+                    f"checked at the {WIDE_REGS[2]} registers of an MMA thread of this tile (ranks up to 64 are)")
+    elif cfg.tile_n % 128:
         return (f"tile_n {cfg.tile_n} with schedule {cfg.schedule}: a wgmma tile is whole 128-row weight tiles (two MMA "
-                f"warpgroups of 64-row atoms); 64 rows is the gemv form's tile only")
-    atoms = cfg.tile_n // 128
+                f"warpgroups of 64-row atoms) or 192 rows (three, ws images only); 64 rows is the gemv form's tile "
+                f"only")
+    atoms = cfg.tile_n // (64 * mma_warpgroups(cfg))
     acc = atoms * cfg.tile_m // 2
     if cfg.wsets != 2 and not is_ws(cfg):
         return (f"wsets {cfg.wsets} with schedule {cfg.schedule}: the weight register sets are the MMA warps' of "
@@ -230,7 +251,7 @@ def _problem(cfg: _Cfg) -> Optional[str]:
         return (f"tile {cfg.tile_m}x{cfg.tile_n} needs {acc} fp32 accumulator registers per thread, "
                 f"more than the {MAX_ACC_REGS} this kernel allows (255 registers in all, fragments and "
                 f"raw prefetch need the rest)")
-    if cfg.tile_n > 128:
+    if cfg.tile_n > 128 and cfg.tile_n != WIDE_TILE_N:
         if cfg.schedule == "coop":
             return (f"tile_n {cfg.tile_n} needs schedule ws: with coop every thread also holds the activation "
                     f"bytes, and the tile spilled (8-byte stack frames at 255 registers, ranks 64 and 128)")
@@ -314,9 +335,21 @@ def ksplit_of(cfg: _Cfg) -> int:
     return SCHEDULES[cfg.schedule][1]
 
 
+def mma_warpgroups(cfg: _Cfg) -> int:
+    """MMA warpgroups of a wgmma tile: two, or three at tile_n 192 (one 64-row atom each)."""
+    return 3 if cfg.tile_n == WIDE_TILE_N else 2
+
+
+def ws_regs(cfg: _Cfg) -> tuple[int, int, int]:
+    """A ws CTA's registers per thread: (at launch, producer after setmaxnreg, MMA warps after setmaxnreg)."""
+    if mma_warpgroups(cfg) == 3:
+        return WIDE_REGS
+    return WS_ENTRY_REGS, WS_PRODUCER_REGS, WS_CONSUMER_REGS
+
+
 def threads_of(cfg: _Cfg) -> int:
-    """Threads per CTA: two warpgroups (coop), a producer warpgroup and two MMA warpgroups (ws*), or one warp per 16
-    weight rows (gemv)."""
+    """Threads per CTA: two warpgroups (coop), a producer warpgroup and two (tile_n 192: three) MMA warpgroups
+    (ws*), or one warp per 16 weight rows (gemv)."""
     if is_gemv(cfg):
         return gemv_layout(cfg).threads
-    return WS_THREADS if is_ws(cfg) else THREADS
+    return 128 * (1 + mma_warpgroups(cfg)) if is_ws(cfg) else THREADS

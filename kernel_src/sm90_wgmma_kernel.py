@@ -46,6 +46,10 @@ Two schedules (knob ``schedule``) run that same arithmetic:
   run the epilogue while the producer already fills the stages of their next tile (so the LoRA
   chunk has SMEM of its own).  ``setmaxnreg`` gives the producer ``WS_PRODUCER_REGS`` and the
   MMA warps ``WS_CONSUMER_REGS`` out of the launch allocation of 384 x 168 registers.
+* tile_n 192 (``ws``, ``act_source`` images; an experiment form, built and statically checked, not yet run):
+  three MMA warpgroups of one 64-row atom each, 512 threads, registers split 24 / 160 out of 512 x 128
+  (``sm90_plan.ws_regs``).  At M = 1024, N = 3072 its 128 x 192 tiles make one wave of 128 CTAs on 132 SMs, each
+  with 7.7 % less MMA work than the 208 x 128 tile's 120 (docs/PERF.md, session 23).
 
 * ``ws_splitk2`` / ``ws_splitk4`` (128- and 64-row tiles; the 256-row tile with ``act_source`` images only;
   float64-checked and timed on the H200, sessions 5 and 7):
@@ -95,7 +99,7 @@ from .sm90_decode_act import image_rows_dsl
 from .sm90_decode_ptx import (_adecode, _adecode_prmt, _bcast, _bulk_g2s, _byte_form, _ld_cluster_v4f, _scales_x128,
                               _sts_v4f, _wdecode, weight_scales_x128)
 from .sm90_epilogue_ptx import pair_blocks, store_yt_pairs
-from .sm90_plan import (TILE_K, THREADS, WS_CONSUMER_REGS, WS_PRODUCER_REGS, _Cfg, _lora_chunk, _problem,
+from .sm90_plan import (TILE_K, THREADS, _Cfg, _lora_chunk, _problem, mma_warpgroups, ws_regs,
                         _smem_plan, is_ws, k_unroll, ksplit_of, ring_slot, split_k_share, threads_of)
 
 #: Where the epilogue's operands are loaded (an experiment, not yet timed; chosen at build time with
@@ -135,7 +139,9 @@ class _Sm90Wgmma:
             raise ValueError(f"unsupported sm90_wgmma_w4a4 variant: {reason}")
         self.cfg = cfg
         self.tm, self.tn, self.stages = cfg.tile_m, cfg.tile_n, cfg.stages
-        self.atoms = cfg.tile_n // 128
+        self.mwg = mma_warpgroups(cfg)           # MMA warpgroups: 2, or 3 at tile_n 192
+        self.mma_threads = 128 * self.mwg
+        self.atoms = cfg.tile_n // (64 * self.mwg)   # 64-row wgmma atoms per MMA warpgroup
         self.rank = cfg.rank
         self.rc = _lora_chunk(cfg.rank) if cfg.rank else 0
         self.out_dtype = _OUT_DTYPES[cfg.out_dtype]
@@ -204,7 +210,7 @@ class _Sm90Wgmma:
         fragment buffers (as wgmma A operands and as Int32 words) and the accumulators (layout: ``_store_out``)."""
         tm, tn = self.tm, self.tn
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
-            Float16, Float16, OperandMajorMode.K, OperandMajorMode.K, Float32, (2, 1, 1), (64, tm),
+            Float16, Float16, OperandMajorMode.K, OperandMajorMode.K, Float32, (self.mwg, 1, 1), (64, tm),
             sm90_utils.OperandSource.RMEM)
         tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
         thr_mma = tiled_mma.get_slice(tid)
@@ -303,7 +309,7 @@ class _Sm90Wgmma:
             n0 = tn_i * tn
             valid = [(m0 + r) < m for r in rows]
             rows_ld = [cutlass.min(m0 + r, m - 1) for r in rows]
-            wblk = [n0 // 64 + a * 2 + wg for a in range(self.atoms)]
+            wblk = [n0 // 64 + a * self.mwg + wg for a in range(self.atoms)]
             acc.fill(0.0)
 
             # prologue: raw bytes of k-tiles 0 .. P-1 into register sets t % P; k-tile 0 into stage 0 and
@@ -392,7 +398,7 @@ class _Sm90Wgmma:
         if tidx == 0:
             for s in cutlass.range_constexpr(S):
                 cute.arch.mbarrier_init(bars + s, 1 if self.images else 128)
-                cute.arch.mbarrier_init(bars + S + s, 8)
+                cute.arch.mbarrier_init(bars + S + s, 4 * self.mwg)     # one arrival per MMA warp
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
         # launched as a programmatic dependent (PDL): the set-up above overlapped the previous grid's tail; no thread
@@ -411,7 +417,7 @@ class _Sm90Wgmma:
             nk = cute.assume(nk, divby=self.unroll)
         if wg == 0 and cutlass.const_expr(self.images):
             # ---- producer (act_source images): one thread bulk-copies each k-tile's image rows ----------
-            cute.arch.setmaxregister_decrease(WS_PRODUCER_REGS)
+            cute.arch.setmaxregister_decrease(ws_regs(self.cfg)[1])
             TB = tm * TILE_K * 2                         # bytes of one stage = tm image rows of 128 bytes
             if tidx == 0:
                 sbase = base.toint()
@@ -433,7 +439,7 @@ class _Sm90Wgmma:
                 cute.arch.cluster_wait()
         elif wg == 0:
             # ---- producer: raw activation bytes -> registers -> exact fp16 -> stage ------------------
-            cute.arch.setmaxregister_decrease(WS_PRODUCER_REGS)
+            cute.arch.setmaxregister_decrease(ws_regs(self.cfg)[1])
             P = self.prefetch
             sets = [self._buffers(tidx) for _ in range(P)]
             raw, rsc = [b[0] for b in sets], [b[1] for b in sets]
@@ -475,7 +481,7 @@ class _Sm90Wgmma:
                 cute.arch.cluster_wait()
         else:
             # ---- MMA warpgroups: weight fragments -> registers; wgmma; epilogue -------------------------
-            cute.arch.setmaxregister_increase(WS_CONSUMER_REGS)
+            cute.arch.setmaxregister_increase(ws_regs(self.cfg)[2])
             ctid = tidx - 128
             cwg = wg - 1
             lane = tidx % 32
@@ -489,7 +495,7 @@ class _Sm90Wgmma:
                 tn_i = tile - tm_i * tiles_n
                 m0 = tm_i * tm
                 n0 = tn_i * tn
-                wblk = [n0 // 64 + a * 2 + cwg for a in range(self.atoms)]
+                wblk = [n0 // 64 + a * self.mwg + cwg for a in range(self.atoms)]
                 g0 = (tile - t0) // tstep * nk
                 acc.fill(0.0)
                 for j in cutlass.range_constexpr(W):
@@ -566,7 +572,7 @@ class _Sm90Wgmma:
     def _rows_out(self, n0, tidx, wg):
         """The output rows (weight rows) of MMA thread `tidx` of warpgroup `wg`: two per 64-row atom."""
         row0 = n0 + wg * 64 + (tidx % 128) // 32 * 16 + (tidx % 32) // 4
-        return [row0 + a * 128 + 8 * h for a in range(self.atoms) for h in range(2)]
+        return [row0 + a * 64 * self.mwg + 8 * h for a in range(self.atoms) for h in range(2)]
 
     def _load_bias(self, p_bias, n, rows_out):
         mB = cute.make_tensor(p_bias, cute.make_layout((n,), stride=(1,)))
@@ -630,7 +636,7 @@ class _Sm90Wgmma:
         """A barrier over the 256 MMA threads: the whole CTA (coop), or named barrier 1 (ws: the producer
         warpgroup is not in it)."""
         if self.ws:
-            cute.arch.barrier(barrier_id=1, number_of_threads=THREADS)
+            cute.arch.barrier(barrier_id=1, number_of_threads=self.mma_threads)
         else:
             cute.arch.sync_threads()
 
@@ -654,22 +660,23 @@ class _Sm90Wgmma:
     def _lora_vectors(self, tidx):
         """The 16-byte vectors of one chunk this thread copies: ``(lu, la)``, each a generator of (row, vector in
         row), so the index arithmetic is traced next to each copy.  Where the lora_act_in vectors do not divide
-        over the 256 threads (the 64-row tile at a 16-rank chunk: 128; the 224-row tile: 448 or 896), the spare
+        over the MMA threads (256; the 64-row tile at a 16-rank chunk: 128; the 224-row tile: 448 or 896), the spare
         threads copy a vector another thread copies too (the same bytes to the same address), so no thread needs a
         branch."""
+        NT = self.mma_threads
         vpr = self.rc // 8                  # 16-byte vectors per row of a chunk
         nla = self.tm * vpr                 # 16-byte vectors of the lora_act_in chunk
 
         def lu():
-            for i in range(self.tn * vpr // THREADS):
-                v = tidx + i * THREADS
+            for i in range(self.tn * vpr // NT):
+                v = tidx + i * NT
                 yield v // vpr, v % vpr
 
         def la():
-            for i in range((nla + THREADS - 1) // THREADS):
-                v = tidx + i * THREADS
-                if cutlass.const_expr((i + 1) * THREADS > nla):
-                    v = v % nla if nla < THREADS else cutlass.min(v, nla - 1)
+            for i in range((nla + NT - 1) // NT):
+                v = tidx + i * NT
+                if cutlass.const_expr((i + 1) * NT > nla):
+                    v = v % nla if nla < NT else cutlass.min(v, nla - 1)
                 yield v // vpr, v % vpr
         return lu(), la()
 
@@ -678,7 +685,6 @@ class _Sm90Wgmma:
         round trip overlaps the main loop (``_lora`` waits for it).  Rows >= m copy row m - 1: they only feed
         accumulator columns that are never stored."""
         mLA, mLU, sLU, sLA = self._lora_views(p_la, p_lu, base, m, n)
-        vpr = self.rc // 8
         atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.out_dtype,
                                    num_bits_per_copy=128)
         lu, la = self._lora_vectors(tidx)
@@ -702,7 +708,7 @@ class _Sm90Wgmma:
         ldt = self.out_dtype
         mLA, mLU, sLU, sLA = self._lora_views(p_la, p_lu, base, m, n)
         lmma = sm90_utils.make_trivial_tiled_mma(ldt, ldt, OperandMajorMode.K, OperandMajorMode.K, Float32,
-                                                 (2, 1, 1), (64, tm))
+                                                 (self.mwg, 1, 1), (64, tm))
         lmma.set(warpgroup.Field.ACCUMULATE, True)
         thr = lmma.get_slice(tidx)
         tLrA = lmma.make_fragment_A(thr.partition_A(sLU))

@@ -33,8 +33,9 @@ TUNING: dict[str, tuple] = dict(
     # half the MMA work of the 128-row tile where most rows are padding)
     tile_m=(16, 64, 128, 208, 224, 256),   # 16: the gemv form only; 208, 224: act_source images only
     # weight rows per tile: two MMA warpgroups of tile_n/128 64-row wgmma atoms each.  256 only with
-    # schedule ws (coop spilled: 8-byte stack frame at 255 registers, rank 64 and 128)
-    tile_n=(64, 128, 256),   # 64: the gemv form only (one 64-row fragment block, 4 warps)
+    # schedule ws (coop spilled: 8-byte stack frame at 255 registers, rank 64 and 128); 192: three MMA warpgroups of
+    # one atom (ws, act_source images; an experiment form, not yet run)
+    tile_n=(64, 128, 192, 256),   # 64: the gemv form only (one 64-row fragment block, 4 warps)
     tile_k=(64,),           # k per pipeline step (one 128-byte swizzle row of fp16)
     stages=(3, 4),          # activation SMEM stages
     # k-tiles of raw bytes in flight in registers: 1 = loaded one k-tile ahead (the measured kernel);

@@ -127,6 +127,13 @@ def test_ws_register_split_fits_the_launch_allocation():
     assert 128 * fam.WS_PRODUCER_REGS + 256 * fam.WS_CONSUMER_REGS <= fam.WS_THREADS * fam.WS_ENTRY_REGS
     assert fam.WS_PRODUCER_REGS % 8 == 0 and fam.WS_CONSUMER_REGS % 8 == 0
     assert 24 <= fam.WS_PRODUCER_REGS < fam.WS_ENTRY_REGS < fam.WS_CONSUMER_REGS <= 256
+    # three MMA warpgroups (tile_n 192): 512 threads at 128 registers each, producer 24, MMA warps 160
+    entry, producer, consumer = fam.WIDE_REGS
+    assert entry == 65536 // 512 // 8 * 8 == 128 and (producer, consumer) == (24, 160)
+    assert 128 * producer + 384 * consumer <= 512 * entry and producer % 8 == 0 == consumer % 8
+    wide = fam._cfg_of(make_knobs(tile_n=192, schedule="ws", act_source="images", prefetch=1, skip_pad=True))
+    assert fam.ws_regs(wide) == fam.WIDE_REGS and fam.threads_of(wide) == 512 and fam.mma_warpgroups(wide) == 3
+    assert fam.ws_regs(fam._cfg_of(make_knobs(schedule="ws"))) == (168, fam.WS_PRODUCER_REGS, 216)
 
 
 @pytest.mark.parametrize("knobs, words", [
@@ -157,6 +164,13 @@ def test_ws_register_split_fits_the_launch_allocation():
                       "over the 256 decoding threads"),
     (dict(wsets=4), "wsets 4 with schedule coop"),
     (dict(wsets=3, schedule="ws"), "wsets 3 not supported"),
+    (dict(tile_n=192), "tile_n 192 with schedule coop and act_source nvfp4: three MMA warpgroups leave 24 registers"),
+    (dict(tile_n=192, schedule="ws"), "not for a decoding producer"),
+    (dict(tile_n=192, schedule="ws_splitk2", act_source="images"), "(ws, act_source images, no split K)"),
+    (dict(tile_n=192, schedule="ws", act_source="images", tile_m=208),
+     "tile 208x192: 104 accumulator registers per MMA thread do not fit the 160 registers"),
+    (dict(tile_n=192, schedule="ws", act_source="images", rank=96), "more than one 64-rank chunk"),
+    (dict(tile_n=320, schedule="ws"), "tile_n 320 not supported"),
 ])
 def test_invalid_reason_rejects_with_a_reason(knobs, words):
     reason = sm90.invalid_reason(ARCH, make_knobs(**knobs))
@@ -339,6 +353,11 @@ COMPILE_CASES = [
          act_decode="prmt", schedule="ws", wsets=4, act_source="nvfp4"),
     dict(out_dtype="fp16", rank=96, wcscale=True, bias=False, tile_m=64, prefetch=2, skip_pad=True,
          act_decode="prmt", schedule="ws_splitk4", wsets=4, act_source="nvfp4"),
+    # the 128 x 192 images tile: three MMA warpgroups, 512 threads, 24 / 160 registers (an experiment form)
+    dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, tile_n=192, prefetch=1, skip_pad=True,
+         act_decode="prmt", schedule="ws", wsets=4, act_source="images"),
+    dict(out_dtype="fp16", rank=64, wcscale=True, bias=True, tile_n=192, prefetch=1, skip_pad=True,
+         act_decode="prmt", schedule="ws", wsets=2, act_source="images"),
 ]
 
 
@@ -396,10 +415,11 @@ def test_compile_produces_a_clean_sm90a_cubin(knobs, tmp_path):
         assert "UCGABAR" not in sass
     if k["schedule"].startswith("ws"):
         from svdq_kernels import sm90_plan as fam
-        assert f"USETMAXREG.DEALLOC.CTAPOOL {fam.WS_PRODUCER_REGS:#x}" in sass
-        assert f"USETMAXREG.TRY_ALLOC.CTAPOOL UP0, {fam.WS_CONSUMER_REGS:#x}" in sass
+        entry, producer, consumer = fam.ws_regs(fam._cfg_of(k))
+        assert f"USETMAXREG.DEALLOC.CTAPOOL {producer:#x}" in sass
+        assert f"USETMAXREG.TRY_ALLOC.CTAPOOL UP0, {consumer:#x}" in sass
         assert "SYNCS.ARRIVE.TRANS64" in sass and "SYNCS.PHASECHK.TRANS64" in sass      # the mbarrier ring
-        assert usage["registers"] == fam.WS_ENTRY_REGS
+        assert usage["registers"] == entry
         assert "mbarrier.init.shared" in ptx or "mbarrier.init" in ptx
 
 
