@@ -28,7 +28,7 @@ assert 128 * WS_PRODUCER_REGS + 256 * WS_CONSUMER_REGS <= WS_THREADS * WS_ENTRY_
 #: each, 512 threads, so 128 registers per thread at launch.  The images producer (one thread issues the bulk
 #: copies) drops to 24, the MMA warps rise to 160: 128 x 24 + 384 x 160 = 64512 <= 512 x 128.  Measured on the CPU
 #: (session 23): the 128-row ws images tile compiles at 160 MMA registers, ranks 32 and 64, two and four weight
-#: sets, with no stack frame and no full wgmma wait in its main loop.
+#: sets, with no stack frame and no full wgmma wait in its main loop; so does this tile at every rank 0-128.
 WIDE_TILE_N = 192
 WIDE_REGS = (65536 // 512 // 8 * 8, 24, 160)     # (at launch, producer, MMA warps)
 assert 128 * WIDE_REGS[1] + 384 * WIDE_REGS[2] <= 512 * WIDE_REGS[0]
@@ -216,9 +216,6 @@ def _problem(cfg: _Cfg) -> Optional[str]:
             return (f"tile {cfg.tile_m}x{cfg.tile_n}: {cfg.tile_m // 2} accumulator registers per MMA thread do not "
                     f"fit the {WIDE_REGS[2]} registers three MMA warpgroups leave each (512 threads, "
                     f"{WIDE_REGS[0]} per thread at launch); 64 or 128 rows do")
-        if cfg.rank > 64:
-            return (f"tile_n {cfg.tile_n} with rank {cfg.rank}: the LoRA of more than one 64-rank chunk is not "
-                    f"checked at the {WIDE_REGS[2]} registers of an MMA thread of this tile (ranks up to 64 are)")
     elif cfg.tile_n % 128:
         return (f"tile_n {cfg.tile_n} with schedule {cfg.schedule}: a wgmma tile is whole 128-row weight tiles (two MMA "
                 f"warpgroups of 64-row atoms) or 192 rows (three, ws images only); 64 rows is the gemv form's tile "

@@ -582,9 +582,9 @@ class _Sm90Wgmma:
         return bv
 
     def _load_affine(self, p_wc, p_bias, n, n0, tidx, wg, with_bias=True):
-        """(2^14·wcscale, bias or None) of the thread's output rows, in registers.  Loaded before the main loop's
-        last wgmma wait, so their global round trip overlaps it; without ``with_bias`` the epilogue loads the bias
-        after the LoRA (fewer live registers there)."""
+        """(2^14·wcscale, bias or None) of the thread's output rows, in registers: the early epilogue calls it before
+        the main loop's last wgmma wait, so the global round trip overlaps it, the late one when its epilogue
+        starts.  Without ``with_bias`` the epilogue loads the bias after the LoRA (fewer live registers there)."""
         rows_out = self._rows_out(n0, tidx, wg)
         coef = cute.make_rmem_tensor((2 * self.atoms,), Float32)
         for i in range(2 * self.atoms):
@@ -598,9 +598,9 @@ class _Sm90Wgmma:
 
     def _epilogue(self, p_la, p_lu, p_bias, base, m, n, m0, n0, tidx, wg, affine, acc, lora_ready=False):
         """acc *= 2^14·wcscale[n]; LoRA; + bias (the store, with its run-time predicate, stays in the kernel
-        body).  tidx: the thread's index among the 256 MMA threads, wg: its MMA warpgroup (0 or 1); affine:
-        ``_load_affine``'s registers; lora_ready: the LoRA's first chunk is already on its way to SMEM
-        (``_lora_prefetch``)."""
+        body).  tidx: the thread's index among the MMA threads (256, or 384 at tile_n 192), wg: its MMA warpgroup
+        (0, 1 or 2); affine: ``_load_affine``'s registers; lora_ready: the LoRA's first chunk is already on its way
+        to SMEM (``_lora_prefetch``)."""
         coef, bv = affine
         nacc = cute.size(acc)
         per_atom = nacc // self.atoms

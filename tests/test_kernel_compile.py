@@ -169,7 +169,6 @@ def test_ws_register_split_fits_the_launch_allocation():
     (dict(tile_n=192, schedule="ws_splitk2", act_source="images"), "(ws, act_source images, no split K)"),
     (dict(tile_n=192, schedule="ws", act_source="images", tile_m=208),
      "tile 208x192: 104 accumulator registers per MMA thread do not fit the 160 registers"),
-    (dict(tile_n=192, schedule="ws", act_source="images", rank=96), "more than one 64-rank chunk"),
     (dict(tile_n=320, schedule="ws"), "tile_n 320 not supported"),
 ])
 def test_invalid_reason_rejects_with_a_reason(knobs, words):
@@ -356,7 +355,7 @@ COMPILE_CASES = [
     # the 128 x 192 images tile: three MMA warpgroups, 512 threads, 24 / 160 registers (an experiment form)
     dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, tile_n=192, prefetch=1, skip_pad=True,
          act_decode="prmt", schedule="ws", wsets=4, act_source="images"),
-    dict(out_dtype="fp16", rank=64, wcscale=True, bias=True, tile_n=192, prefetch=1, skip_pad=True,
+    dict(out_dtype="fp16", rank=128, wcscale=True, bias=True, tile_n=192, prefetch=1, skip_pad=True,
          act_decode="prmt", schedule="ws", wsets=2, act_source="images"),
 ]
 
