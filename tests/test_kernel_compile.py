@@ -432,6 +432,7 @@ EARLY_CASES = [
     dict(out_dtype="bf16", rank=96, tile_m=256, schedule="ws", act_source="images"),
     dict(out_dtype="bf16", rank=64, tile_m=256, schedule="ws_splitk2", act_source="images"),
     dict(out_dtype="fp16", rank=128, tile_m=256, schedule="coop"),
+    dict(out_dtype="bf16", rank=32, tile_m=128, tile_n=192, schedule="ws", wsets=4, act_source="images"),
 ]
 
 
@@ -452,8 +453,9 @@ def test_the_early_epilogue_copies_a_one_chunk_lora_at_tile_start(knobs, tmp_pat
     assert not re.search(r"\b(STL|LDL)\b", sass)
     copies = len(re.findall(r"\bLDGSTS\.E\.BYPASS\.128\b", sass))
     if k["schedule"] == "ws" and _lora_chunk(k["rank"]) == k["rank"]:
-        vpr = k["rank"] // 8
-        assert copies == k["tile_n"] * vpr // 256 + -(-k["tile_m"] * vpr // 256)
+        from svdq_kernels.sm90_plan import _cfg_of, mma_warpgroups
+        vpr, nt = k["rank"] // 8, 128 * mma_warpgroups(_cfg_of(k))      # 256 MMA threads, 384 at tile_n 192
+        assert copies == k["tile_n"] * vpr // nt + -(-k["tile_m"] * vpr // nt)
         assert len(re.findall(r"cp\.async\.wait_group\s+0;", ptx)) == 1 and "LDGDEPBAR" in sass
     else:
         assert copies == 0
