@@ -31,7 +31,7 @@ Work decomposition
     ``workspace_counter_bytes(G)`` of counter words), then one thread fences at GPU scope and counts an
     arrival on the tile's counter (its first CTA's word, ``cta_of_unit``) with a compare-and-swap; the last
     arrival adds the slots in CTA order, stores the rows and writes the counter back to 0.  The workspace
-    needs no zeroing: a word counts as zero unless its top 48 bits are ``_ARRIVE_KEY``.
+    needs no zeroing: a word counts as zero unless its top 48 bits are ``quantize_ptx._ARRIVE_KEY``.
   Codes and scales need no reduction in either form.  rows = M (``logical``) or M rounded up to 128
   (``blocked``: the pad rows get scale 0).
 * **x in flight.** Each lane loads its own x chunks (and its smooth pair) of
@@ -55,10 +55,10 @@ Work decomposition
   register shuffling; the A operand is the step's ``lora_down`` tile [64, R],
   staged per warp in SMEM with ``cp.async.ca`` (double buffered, one step
   ahead; at rank 64 one buffer, filled after the step's MMAs, which leaves the
-  SM more L1: ``_ONE_LORA_BUFFER_RANKS``; co-resident CTAs hit the same tiles
+  SM more L1: ``quantize_plan._ONE_LORA_BUFFER_RANKS``; co-resident CTAs hit the same tiles
   in L1), rows stored in the permuted order so that
   ``ldmatrix.trans`` yields the matching fragments (row pitch 2R + 16 bytes:
-  conflict free, for the copies too: ``_srow`` puts the two rows of a
+  conflict free, for the copies too: ``quantize_plan._srow`` puts the two rows of a
   128-byte line 4 rows apart).  The tile's copy addresses are a
   per-lane base plus the step's offset plus constants where R / 8 is a power
   of two (``_srow`` is a bit permutation), so a step spends no index
@@ -70,7 +70,7 @@ Arithmetic (per group of 16; quantize_ref has the normative text)
 ------------------------------------------------------------------
 ``rs = RN_D(RN32(1 / smooth))`` per k (one per lane per step, shared through SMEM
 as 16-bit pairs; RN32(1 / smooth) is fp64 rcp + two Newton steps, then one rounding: equal to
-IEEE ``div.rn.f32`` for every 16-bit input -- proof in ``_rcp16``, checked in the tests);
+IEEE ``div.rn.f32`` for every 16-bit input -- proof in ``quantize_ptx._rcp16``, checked in the tests);
 ``x̂ = mul.rn.<D>x2(x, rs)``, one packed multiply per pair (the exact product rounded once;
 use_smooth == 0: x̂ = x), so x̂ is a 16-bit value and the same words are the LoRA mma operand;
 ``amax = max.NaN |x̂|`` (packed); ``sc = RN32(amax / 6)`` via
