@@ -93,3 +93,31 @@ def test_a_wrong_layout_model_is_caught():
             row, col = pair_target(m0, mb, nb, 0, lane)
             wrong += moved[lane][0] != (col, row)
     assert wrong == len(blocks) * 32
+
+
+@pytest.mark.parametrize("wgs,atoms,tile_m", [(2, 1, 208), (2, 2, 128), (3, 1, 128)])
+def test_the_warpgroups_of_a_tile_store_it_whole_and_once(wgs, atoms, tile_m):
+    """All MMA warps of one tile together (two warpgroups, or three at tile_n 192): every element of the
+    (64 · wgs · atoms) x tile_m tile is stored by exactly one thread, and the kernel's own output rows of each thread
+    (``_rows_out``, used for wcscale and bias) are the rows its accumulators hold."""
+    from types import SimpleNamespace
+
+    from svdq_kernels.sm90_wgmma_kernel import _Sm90Wgmma
+    m0, n0 = 2 * tile_m, 7 * 64 * wgs * atoms
+    m = m0 + tile_m
+    seen: dict = {}
+    fake = SimpleNamespace(atoms=atoms, mwg=wgs)
+    for wg, warp in itertools.product(range(wgs), range(4)):
+        rows0 = 64 * wg + 16 * warp
+        out = replay(atoms, tile_m, rows0, n0 + rows0, m0, m)
+        for key in out:
+            assert key not in seen, ("stored twice", key)
+            seen[key] = (wg, warp)
+        for lane in range(32):
+            tidx = 128 * wg + 32 * warp + lane
+            rows = _Sm90Wgmma._rows_out(fake, n0, tidx, wg)      # (atom a, half h) -> row
+            for a, h in itertools.product(range(atoms), range(2)):
+                # accumulator 4j + 2h + e of atom a sits in weight row rows0 + 8h + lane // 4 (+ 64 · wgs · a)
+                n_rel, _ = accumulator_coord(rows0, lane, a * (tile_m // 2) + 2 * h, tile_m)
+                assert rows[2 * a + h] == n0 + n_rel
+    assert set(seen) == {(m0 + j, n0 + r) for j in range(tile_m) for r in range(64 * wgs * atoms)}
