@@ -561,12 +561,10 @@ class _Sm90Wgmma:
                         self._epilogue(p_la, p_lu, p_bias, base, m, n, m0, n0, ctid, cwg, aff, acc)
                         self._store_out(p_out, m, n, m0, n0, ctid, cwg, acc)
                 else:
-                    if cutlass.const_expr(self.early):
-                        self._epilogue(p_la, p_lu, p_bias, base, m, n, m0, n0, ctid, cwg, affine, acc,
-                                       lora_ready=self.lora_prefetch)
-                    else:
-                        aff = self._load_affine(p_wc, p_bias, n, n0, ctid, cwg, with_bias=False)
-                        self._epilogue(p_la, p_lu, p_bias, base, m, n, m0, n0, ctid, cwg, aff, acc)
+                    if cutlass.const_expr(not self.early):
+                        affine = self._load_affine(p_wc, p_bias, n, n0, ctid, cwg, with_bias=False)
+                    self._epilogue(p_la, p_lu, p_bias, base, m, n, m0, n0, ctid, cwg, affine, acc,
+                                   lora_ready=self.lora_prefetch)
                     self._store_out(p_out, m, n, m0, n0, ctid, cwg, acc)
 
     def _rows_out(self, n0, tidx, wg):

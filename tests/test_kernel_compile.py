@@ -463,10 +463,11 @@ def test_the_early_epilogue_copies_a_one_chunk_lora_at_tile_start(knobs, tmp_pat
 
 def test_the_epilogue_switch_names_its_values():
     """A bad SVDQ_KERNEL_SM90_EPILOGUE is refused at import with the value and the allowed forms."""
+    import os
     import subprocess
     import sys
     r = subprocess.run([sys.executable, "-c", "import svdq_kernels.sm90_wgmma_kernel"], capture_output=True,
-                       text=True, env=dict(__import__("os").environ, SVDQ_KERNEL_SM90_EPILOGUE="soon"))
+                       text=True, env=dict(os.environ, SVDQ_KERNEL_SM90_EPILOGUE="soon"))
     assert r.returncode != 0
     assert "SVDQ_KERNEL_SM90_EPILOGUE='soon': the sm_90a epilogue form must be one of early, late" in r.stderr
 
