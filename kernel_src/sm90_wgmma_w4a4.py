@@ -37,7 +37,10 @@ TUNING: dict[str, tuple] = dict(
     # one atom (ws, act_source images; an experiment form, not yet run)
     tile_n=(64, 128, 192, 256),   # 64: the gemv form only (one 64-row fragment block, 4 warps)
     tile_k=(64,),           # k per pipeline step (one 128-byte swizzle row of fp16)
-    stages=(3, 4),          # activation SMEM stages
+    # activation SMEM stages.  `auto` takes the deepest of AUTO_STAGES that fits (3 and 4: the depths every shipped
+    # form ran with); 6, 8 and 12 only where a config names them (an experiment, session 24, not yet run: an images
+    # producer can copy at most stages - 2 k-tiles ahead of the MMA warps, which at tile_m 64 is 16 KB in flight)
+    stages=(3, 4, 6, 8, 12),
     # k-tiles of raw bytes in flight in registers: 1 = loaded one k-tile ahead (the measured kernel);
     # 2 = two register sets, loaded two k-tiles ahead (more latency cover, 11-16 more registers); 4 = four sets
     # (the ws producer that decodes NVFP4 only, its loop unrolled by four; 1-4 % faster at the 64-row tile's
@@ -71,6 +74,8 @@ TUNING: dict[str, tuple] = dict(
     # the 256-row tile can split K only in this form: its producer does no decode, so it keeps no stack frame)
     act_source=("nvfp4", "images"),
 )
+#: the depths `stages: auto` chooses among (the deepest that fits)
+AUTO_STAGES = (3, 4)
 FEATURE_VALUES: dict[str, tuple] = dict(
     out_dtype=("fp16", "bf16"),
     rank=(0, 16, 32, 48, 64, 80, 96, 112, 128, 256),
@@ -250,11 +255,11 @@ def _form_axes(section: dict, where: str) -> tuple[list[dict], list[str]]:
 def resolve(arch: str, knobs: dict) -> dict:
     if knobs.get("stages") != "auto":
         return dict(knobs)
-    for st in sorted(TUNING["stages"], reverse=True):
+    for st in sorted(AUTO_STAGES, reverse=True):
         cand = dict(knobs, stages=st)
         if invalid_reason(arch, cand) is None:
             return cand
-    return dict(knobs, stages=max(TUNING["stages"]))
+    return dict(knobs, stages=max(AUTO_STAGES))
 
 
 def invalid_reason(arch: str, knobs: dict) -> Optional[str]:

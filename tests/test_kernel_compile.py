@@ -90,6 +90,26 @@ def test_supported_knobs():
     assert feat["scale_layout"] == ("logical",)
 
 
+def test_deeper_rings_only_where_named():
+    """stages 6 / 8 / 12 (the session-24 experiment, configs/sm90_stages.yaml): accepted where a config names them and
+    SMEM allows, refused with the numbers where it does not, and never what `auto` resolves to (which keeps the
+    shipped depth, so configs/flux.yaml builds what it built before)."""
+    ws64 = make_knobs(tile_m=64, schedule="ws", wsets=8, act_source="images", skip_pad=True, act_decode="prmt")
+    for st in (6, 8, 12):
+        k = dict(ws64, stages=st)
+        assert sm90.invalid_reason(ARCH, k) is None, st
+        assert f"_stages{st}_" in name_of(k)
+        assert sm90.smem_bytes_for(k) > sm90.smem_bytes_for(dict(ws64, stages=4))
+    assert sm90.resolve(ARCH, dict(ws64, stages="auto"))["stages"] == 4
+    assert max(sm90.AUTO_STAGES) == sm90.DEFAULT_STAGES == 4
+    ws256 = dict(ws64, tile_m=256, wsets=2)
+    assert sm90.invalid_reason(ARCH, dict(ws256, stages=6)) is None
+    why = sm90.invalid_reason(ARCH, dict(ws256, stages=8))
+    assert why and "activation stages 262144 B" in why and str(sm90.SMEM_LIMIT_BYTES) in why
+    why = sm90.invalid_reason(ARCH, dict(ws64, stages=5))
+    assert why and "stages" in why and "5" in why
+
+
 def test_invalid_reason_accepts_every_rank_and_tile():
     for out_dtype in ("fp16", "bf16"):
         for rank in sm90.FEATURE_VALUES["rank"]:
