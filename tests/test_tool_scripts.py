@@ -24,6 +24,14 @@ def test_script_parses_and_documents_its_use(script):
         "the header comment does not show how to run it"
 
 
-def test_the_ab_script_refuses_missing_folders():
-    r = subprocess.run(["bash", str(SCRIPTS[0].parent / "h200_ab.sh")], capture_output=True, text=True)
-    assert r.returncode != 0 and "usage: h200_ab.sh BASE EXP" in r.stderr
+def test_the_ab_script_refuses_missing_folders(tmp_path):
+    script = str(SCRIPTS[0].parent / "h200_ab.sh")
+    r = subprocess.run(["bash", script], capture_output=True, text=True)
+    assert r.returncode == 2 and "usage: h200_ab.sh BASE [EXP ...]" in r.stderr
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "manifest.json").write_text("{}")
+    r = subprocess.run(["bash", script, str(base), str(tmp_path / "nope")], capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out")})
+    assert r.returncode == 2 and "nope has no manifest.json" in r.stderr
+    assert not (tmp_path / "out").exists()           # refused before anything ran
