@@ -107,7 +107,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float16, Float32, Int32, Int64
 
-from svdq_loader.ops.quantize_act import cta_of_unit, range_start, workspace_counter_bytes
+from svdq_loader.ops.ranges import cta_of_unit, range_start, workspace_counter_bytes
 
 from .quantize_plan import (STEP_K, _RS_BYTES, _SM_STAGE_BYTES, _Cfg, _lora_bufs, _lora_copy_slot,
                             _lora_tiles_bytes, _ldsm_row, _pitch, _rs_chunk, _smem_bytes, _srow, _uses_ring,

@@ -141,6 +141,26 @@ def _sts_v4f(saddr, a, b, c, d, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def _st_v4f(gaddr, a, b, c, d, *, loc=None, ip=None):
+    """st.global.v4.f32 at the 64-bit global address `gaddr` (a stream-K meeting's slot write)."""
+    llvm.inline_asm(None, [Int64(gaddr).ir_value()] + [Float32(x).ir_value() for x in (a, b, c, d)],
+                    "st.global.v4.f32 [$0], {$1, $2, $3, $4};", "l,f,f,f,f", has_side_effects=True,
+                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
+def _ld_relaxed_v4f(gaddr, *, loc=None, ip=None):
+    """Four fp32 at the 64-bit global address `gaddr`, ``ld.relaxed.gpu`` (a stream-K meeting's last arrival reads
+    the other CTAs' slots after its acquire: not from a possibly stale L1 line)."""
+    from cutlass._mlir import ir
+    st = ir.Type.parse("!llvm.struct<(f32,f32,f32,f32)>")
+    r = llvm.inline_asm(st, [Int64(gaddr).ir_value()], "ld.relaxed.gpu.global.v4.f32 {$0, $1, $2, $3}, [$4];",
+                        "=f,=f,=f,=f,l", has_side_effects=True, is_align_stack=False,
+                        asm_dialect=llvm.AsmDialect.AD_ATT)
+    return [Float32(llvm.extractvalue(Float32.mlir_type, r, [i])) for i in range(4)]
+
+
+@dsl_user_op
 def _ld_cluster_v4f(saddr, rank, pred=None, *, loc=None, ip=None):
     """Four fp32 at this CTA's shared address `saddr` as it lies in cluster CTA `rank` (mapa + ld.shared::cluster).
     With `pred` (a DSL integer): the load happens where pred != 0, else the result is four zeros and nothing is

@@ -9,6 +9,7 @@ import dataclasses
 from typing import Optional
 
 from svdq_loader.ops.decode_act import IMAGE_TILE_ROWS
+from svdq_loader.ops.gemm_streamk import loop_unroll
 
 from .gemm_features import GemmFeatures, gemm_feature_values
 
@@ -63,7 +64,7 @@ def k_unroll(cfg: _Cfg) -> int:
     """k-tiles per unrolled step of the main loops: two (the fragment double buffer), or the deepest register
     rotation, the MMA warps' weight sets or the producer's raw activation sets (more than two only in a ws
     producer that decodes NVFP4: `_problem`)."""
-    return max(2, cfg.wsets, cfg.prefetch)
+    return loop_unroll(cfg.wsets, cfg.prefetch)
 
 
 def _lora_chunk(rank: int) -> int:
@@ -172,10 +173,11 @@ def _smem_plan(cfg: _Cfg) -> dict[str, int]:
     if is_ws(cfg):
         lora_at = (main + 1023) // 1024 * 1024
         bar_at = lora_at + (lora + 1023) // 1024 * 1024
-        total = bar_at + 2 * cfg.stages * 8
+        meet_at = bar_at + 2 * cfg.stages * 8        # ws_streamk: the word through which a meeting's count is shared
+        total = meet_at + (16 if is_streamk(cfg) else 0)
         total = (total + 1023) // 1024 * 1024
         return dict(main_bytes=main, lora_bytes=lora, total_bytes=total, lu_offset=lora_at,
-                    la_offset=lora_at + la_in_chunk, bar_offset=bar_at)
+                    la_offset=lora_at + la_in_chunk, bar_offset=bar_at, meet_offset=meet_at)
     total = (max(main, lora) + 1023) // 1024 * 1024
     return dict(main_bytes=main, lora_bytes=lora, total_bytes=total, lu_offset=0, la_offset=la_in_chunk,
                 bar_offset=-1)
@@ -229,6 +231,9 @@ def _problem(cfg: _Cfg) -> Optional[str]:
         return (f"prefetch {cfg.prefetch} with schedule {cfg.schedule} and act_source {cfg.act_source}: more than two "
                 f"raw activation register sets belong to the producer warpgroup of a warp-specialised schedule that "
                 f"decodes NVFP4 activations (coop holds them in every thread; an images producer loads none)")
+    if is_streamk(cfg) and cfg.act_source != "images":
+        return (f"schedule ws_streamk with act_source {cfg.act_source}: the stream-K meetings' workspace lies after "
+                f"the stage images in the call's decode_act workspace (act_source images only)")
     if cfg.act_source == "images" and not is_ws(cfg):
         return (f"act_source images with schedule {cfg.schedule}: the bulk copies of the stage images are issued "
                 f"by the producer warpgroup of a warp-specialised schedule (ws, ws_splitk2, ws_splitk4)")
@@ -320,8 +325,10 @@ def split_k_share(rank, num_kt, ksplit: int):
 #: schedule -> (warp-specialised, CTAs of a cluster that split one tile's K).  ws_splitk<S>: one tile per cluster
 #: of S CTAs, each over K / S; ranks 1.. hand their partial sums to rank 0 through distributed SMEM
 #: "gemv": the small-M form (sm90_gemv_kernel: mma.sync, no producer; its K split is chosen at launch)
+#: "ws_streamk": ws over equal ranges of (tile, k-tile group) units, one persistent CTA per SM; a tile split over CTAs
+#: meets in the workspace after the stage images (`svdq_loader.ops.gemm_streamk`; an experiment, not yet run)
 SCHEDULES = {"coop": (False, 1), "ws": (True, 1), "ws_splitk2": (True, 2), "ws_splitk4": (True, 4),
-             "gemv": (False, 1)}
+             "gemv": (False, 1), "ws_streamk": (True, 1)}
 
 
 def is_ws(cfg: _Cfg) -> bool:
@@ -330,6 +337,10 @@ def is_ws(cfg: _Cfg) -> bool:
 
 def ksplit_of(cfg: _Cfg) -> int:
     return SCHEDULES[cfg.schedule][1]
+
+
+def is_streamk(cfg: _Cfg) -> bool:
+    return cfg.schedule == "ws_streamk"
 
 
 def mma_warpgroups(cfg: _Cfg) -> int:

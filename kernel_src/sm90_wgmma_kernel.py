@@ -58,6 +58,14 @@ Two schedules (knob ``schedule``) run that same arithmetic:
   partial sums into their own stages (idle by then), a cluster barrier (joined by every thread, producers
   included) publishes them, rank 0 adds them one peer at a time through ``mapa`` + ``ld.shared::cluster``,
   a second cluster barrier keeps the peers' SMEM alive until read, and rank 0 alone runs the epilogue.
+* ``ws_streamk`` (``act_source`` images; an experiment form, built and statically checked, not yet run): the ``ws``
+  kernel with grid = min(units, sm_count), where a unit is one tile's group of ``k_unroll`` k-tiles.  CTA b walks
+  the units [b·U/G, (b+1)·U/G) tile by tile (``svdq_loader.ops.gemm_streamk``: ``segment``), producer and MMA
+  warps alike, so every SM works where N / tile_n tiles would leave some idle.  A whole tile ends as in ``ws``.  A
+  split one meets: every MMA thread stores its fp32 partial sums to this CTA's slot in the workspace past the
+  stage images, a named barrier, one thread's GPU-scope fence and compare-and-swap arrival on the tile's counter
+  (``quantize_ptx._arrive``), a second barrier; the last arrival adds every part's slot in CTA order (the same sum
+  whoever is last), resets the counter and runs the epilogue.  No CTA waits for another.
   For small M, where N / 128 tiles leave most SMs idle.
 * The 64-row activation tile (``tile_m`` 64, ws schedules only): wgmma N = 64, half the MMA and producer work
   of the 128-row tile where most rows are padding (M <= 64).  ``wsets`` 4 gives the MMA warps four raw weight
@@ -97,10 +105,13 @@ except ImportError:  # older DSL
 
 from .sm90_decode_act import image_rows_dsl
 from .sm90_decode_ptx import (_adecode, _adecode_prmt, _bcast, _bulk_g2s, _byte_form, _ld_cluster_v4f, _scales_x128,
-                              _sts_v4f, _wdecode, weight_scales_x128)
+                              _ld_relaxed_v4f, _st_v4f, _sts_v4f, _wdecode, weight_scales_x128)
 from .sm90_epilogue_ptx import pair_blocks, store_yt_pairs
 from .sm90_plan import (TILE_K, THREADS, _Cfg, _lora_chunk, _problem, mma_warpgroups, ws_regs,
-                        _smem_plan, is_ws, k_unroll, ksplit_of, ring_slot, split_k_share, threads_of)
+                        _smem_plan, is_streamk, is_ws, k_unroll, ksplit_of, ring_slot, split_k_share, threads_of)
+from .quantize_ptx import _arrive, _fence_gpu, _lds_u32, _st_u64, _sts_u32
+from svdq_loader.ops.gemm_streamk import segment as streamk_segment, slot_index
+from svdq_loader.ops.ranges import cta_of_unit, range_start, workspace_counter_bytes
 
 #: Where the epilogue's operands are loaded (an experiment, not yet timed; chosen at build time with
 #: ``SVDQ_KERNEL_SM90_EPILOGUE``, which like every ``SVDQ_KERNEL_*`` switch enters the build cache key and the
@@ -126,8 +137,19 @@ class _Sm90Wgmma:
     paired_store = True                           # the output leaves as transposed 16-bit pairs (static check too)
 
     def recipe_hints(self, host_args) -> tuple:
-        """No hints: the launch recipe fitter finds this host code's launch by itself."""
-        return ()
+        """The persistent grid as a launch-recipe expression over `host_args` (the op's (name, kind) list):
+        min(tiles, sm_count), or under stream-K min(units, sm_count) (``svdq_loader.ops.gemm_streamk.grid``).  The
+        fitter's own search does not multiply by a quotient of a tile height such as 208 or 224 (those variants fell
+        back to the host-program interpreter on every call, session 24); split K (tiles x S CTAs) needs no hint."""
+        if self.ks > 1:
+            return ()
+        at = {name: ["arg", i] for i, (name, _) in enumerate(host_args)}
+        tiles = ["mul", ["ceildiv", at["m"], self.tm], ["floordiv", at["n"], self.tn]]
+        fill = ["min", tiles, at["sm_count"]]
+        if not self.sk:
+            # a power-of-two height the fitter finds by itself (and its recipes ran as found); 208 and 224 it does not
+            return () if self.tm & (self.tm - 1) == 0 else (fill,)
+        return (["min", ["mul", fill, ["floordiv", at["k"], TILE_K * self.unroll]], at["sm_count"]],)
 
     def resource_problem(self, usage: dict):
         """None: the plan's budgets (sm90_plan) already hold every register limit of these schedules."""
@@ -162,7 +184,9 @@ class _Sm90Wgmma:
         # start of a tile.  Not under split K, and not for ranks of several chunks: there the 256-row tile spills
         # (ptxas keeps the later chunks' addresses live through the main loop, or the split's reduction needs them)
         self.early = EPILOGUE == "early"
-        self.lora_prefetch = self.early and self.ws and self.ks == 1 and cfg.rank > 0 and cfg.rank == self.rc
+        self.sk = is_streamk(cfg)                # ws_streamk: equal unit ranges, split tiles meet in the workspace
+        self.lora_prefetch = (self.early and self.ws and self.ks == 1 and not self.sk and cfg.rank > 0
+                              and cfg.rank == self.rc)
 
     @cute.jit
     def __call__(self, act: cute.Pointer, ascales: cute.Pointer, wgt: cute.Pointer, wscales: cute.Pointer,
@@ -177,6 +201,10 @@ class _Sm90Wgmma:
                 grid=[tiles * self.ks, 1, 1], block=[self.threads, 1, 1], cluster=[self.ks, 1, 1],
                 smem=self.smem_bytes, stream=stream, min_blocks_per_mp=1, use_pdl=True)
         elif cutlass.const_expr(self.ws):
+            if cutlass.const_expr(self.sk):
+                # stream-K: one CTA per SM over equal ranges of the (tile, k-tile group) units (gemm_streamk.grid)
+                # (as min(min(tiles, SMs) x units per tile, SMs): the same value, with no 32-bit overflow)
+                grid = cutlass.min(grid * (k // (TILE_K * self.unroll)), sm_count)
             # min_blocks_per_mp=1 caps the registers at entry (65536 / 384), which setmaxnreg needs
             self.kernel_ws(act, ascales, wgt, wscales, lora_act_in, lora_up, wcscale, bias, out, m, n, k).launch(
                 grid=[grid, 1, 1], block=[self.threads, 1, 1], smem=self.smem_bytes, stream=stream,
@@ -409,12 +437,22 @@ class _Sm90Wgmma:
         tiles = ((m + (tm - 1)) // tm) * tiles_n
         KS = self.ks
         t0, tstep, nk = bid, gdim, num_kt           # the tile walk and the k-tiles per tile of this CTA
+        tend = tiles
         kabs = None                                 # this CTA's first k-tile (split K)
         if cutlass.const_expr(KS > 1):
             rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
             t0, tstep = bid // KS, gdim // KS
             kabs, nk = split_k_share(rank, num_kt, KS)
             nk = cute.assume(nk, divby=self.unroll)
+        sk = None
+        if cutlass.const_expr(self.sk):
+            # stream-K: this CTA's units [u0, u1) of `units` (a unit: `unroll` k-tiles of one tile), tile by tile
+            upt = num_kt // self.unroll
+            units = tiles * upt
+            u0 = Int32(range_start(Int64(bid), Int64(units), Int64(gdim)))
+            u1 = Int32(range_start(Int64(bid + 1), Int64(units), Int64(gdim)))
+            t0, tstep, tend = u0 // upt, 1, (u1 - 1) // upt + 1
+            sk = (upt, units, u0, u1)
         if wg == 0 and cutlass.const_expr(self.images):
             # ---- producer (act_source images): one thread bulk-copies each k-tile's image rows ----------
             cute.arch.setmaxregister_decrease(ws_regs(self.cfg)[1])
@@ -423,14 +461,14 @@ class _Sm90Wgmma:
                 sbase = base.toint()
                 gbase = p_act.toint()
                 mp = Int64(image_rows_dsl(m))
-                for tile in cutlass.range(t0, tiles, tstep, unroll=1):
+                for tile in cutlass.range(t0, tend, tstep, unroll=1):
                     m0 = (tile // tiles_n) * tm
-                    g0 = (tile - t0) // tstep * nk
-                    for kt in cutlass.range(0, nk, unroll=1):
+                    kabs_t, nk_t, g0 = self._segment(tile, t0, tstep, kabs, nk, sk)
+                    for kt in cutlass.range(0, nk_t, unroll=1):
                         stage, par = ring_slot(g0 + kt, S)
                         cute.arch.mbarrier_wait(bars + S + stage, par ^ 1)
                         cute.arch.mbarrier_arrive_and_expect_tx(bars + stage, TB)
-                        src = gbase + (Int64(_k(kabs, kt)) * mp + m0) * (TILE_K * 2)
+                        src = gbase + (Int64(_k(kabs_t, kt)) * mp + m0) * (TILE_K * 2)
                         _bulk_g2s(sbase + stage * TB, src, TB, (bars + stage).toint())
             if cutlass.const_expr(KS > 1):
                 cute.arch.cluster_arrive()
@@ -490,22 +528,22 @@ class _Sm90Wgmma:
             W, U = self.wsets, self.unroll
             wraw = [[cute.make_rmem_tensor((4,), Int32) for _ in range(self.atoms)] for _ in range(W)]
             wsc = [[cute.make_rmem_tensor((2,), Int32) for _ in range(self.atoms)] for _ in range(W)]
-            for tile in cutlass.range(t0, tiles, tstep, unroll=1):
+            for tile in cutlass.range(t0, tend, tstep, unroll=1):
                 tm_i = tile // tiles_n
                 tn_i = tile - tm_i * tiles_n
                 m0 = tm_i * tm
                 n0 = tn_i * tn
                 wblk = [n0 // 64 + a * self.mwg + cwg for a in range(self.atoms)]
-                g0 = (tile - t0) // tstep * nk
+                kabs_t, nk_t, g0 = self._segment(tile, t0, tstep, kabs, nk, sk)
                 acc.fill(0.0)
                 for j in cutlass.range_constexpr(W):
-                    self._load_w(mWq, mWs, wblk, num_kt, ctid, _k(kabs, j), wraw[j], wsc[j])
+                    self._load_w(mWq, mWs, wblk, num_kt, ctid, _k(kabs_t, j), wraw[j], wsc[j])
                 self._decode_w(fragW[0], wraw[0], wsc[0])
-                self._load_w(mWq, mWs, wblk, num_kt, ctid, _k(kabs, cutlass.min(W, nk - 1)), wraw[0], wsc[0])
+                self._load_w(mWq, mWs, wblk, num_kt, ctid, _k(kabs_t, cutlass.min(W, nk_t - 1)), wraw[0], wsc[0])
                 if cutlass.const_expr(self.lora_prefetch):
                     # the LoRA rides in during the main loop (its SMEM is idle until the epilogue)
                     self._lora_prefetch(p_la, p_lu, base, m, n, m0, n0, ctid)
-                for ktu in cutlass.range(0, nk, U, unroll=1):
+                for ktu in cutlass.range(0, nk_t, U, unroll=1):
                     for u in cutlass.range_constexpr(U):
                         kt = ktu + u
                         half = u % 2                # the fragment buffer of k-tile kt
@@ -527,15 +565,25 @@ class _Sm90Wgmma:
                         # k-tile kt+1 (raw set (u+1) mod W) -> fragments 1-half; then k-tile kt+1+W into that set
                         ws_ = (u + 1) % W
                         self._decode_w(fragW[1 - half], wraw[ws_], wsc[ws_])
-                        nxt = cutlass.min(kt + 1 + W, nk - 1)
-                        self._load_w(mWq, mWs, wblk, num_kt, ctid, _k(kabs, nxt), wraw[ws_], wsc[ws_])
-                if cutlass.const_expr(KS == 1 and self.early):
+                        nxt = cutlass.min(kt + 1 + W, nk_t - 1)
+                        self._load_w(mWq, mWs, wblk, num_kt, ctid, _k(kabs_t, nxt), wraw[ws_], wsc[ws_])
+                if cutlass.const_expr(KS == 1 and self.early and not self.sk):
                     # the affine's loads overlap the last wgmmas (under split K they would live through the reduction)
                     affine = self._load_affine(p_wc, p_bias, n, n0, ctid, cwg)
                 warpgroup.wait_group(0)
                 if lane == 0:
-                    cute.arch.mbarrier_arrive(bars + S + (g0 + nk - 1) % S)
-                if cutlass.const_expr(KS > 1):
+                    cute.arch.mbarrier_arrive(bars + S + (g0 + nk_t - 1) % S)
+                if cutlass.const_expr(self.sk):
+                    # a whole tile ends as in ws; a split one meets, and its last arrival ends it
+                    upt, units = sk[0], sk[1]
+                    fin = Int32(1)
+                    if (kabs_t != 0) | (nk_t != num_kt):
+                        fin = self._streamk_meet(p_act, base, m, k, tile, t0, upt, units, bid, gdim, ctid, acc)
+                    if fin != 0:
+                        aff = self._load_affine(p_wc, p_bias, n, n0, ctid, cwg, with_bias=False)
+                        self._epilogue(p_la, p_lu, p_bias, base, m, n, m0, n0, ctid, cwg, aff, acc)
+                        self._store_out(p_out, m, n, m0, n0, ctid, cwg, acc)
+                elif cutlass.const_expr(KS > 1):
                     # split K: ranks 1.. leave their partial sums in their own (now idle) stages, rank 0 adds
                     # them through distributed SMEM; a second cluster barrier keeps the partials alive until read
                     red = base.toint()
@@ -566,6 +614,57 @@ class _Sm90Wgmma:
                     self._epilogue(p_la, p_lu, p_bias, base, m, n, m0, n0, ctid, cwg, affine, acc,
                                    lora_ready=self.lora_prefetch)
                     self._store_out(p_out, m, n, m0, n0, ctid, cwg, acc)
+
+    def _segment(self, tile, t0, tstep, kabs, nk, sk):
+        """(first k-tile, k-tiles, ring index of its first k-tile) of this CTA's work on `tile`: the whole tile or
+        its split-K share; under stream-K (`sk` = (units per tile, units, u0, u1)) the part of its units in the
+        CTA's range.  The producer and the MMA warps call it alike, so they walk the same segments."""
+        if cutlass.const_expr(sk is None):
+            return kabs, nk, (tile - t0) // tstep * nk
+        upt, _, u0, u1 = sk
+        kabs, nk, g0 = streamk_segment(tile, u0, u1, upt, self.unroll, cutlass.max, cutlass.min)
+        return kabs, cute.assume(nk, divby=self.unroll), g0
+
+    @cute.jit
+    def _streamk_meet(self, p_act, base, m, k, tile, t0, upt, units, bid, gdim, tidx, acc):
+        """A split tile's meeting (`svdq_loader.ops.gemm_streamk`): write the partial sums to this CTA's slot,
+        count one arrival on the tile's counter (one thread: GPU-scope fence, then the compare-and-swap of
+        `quantize_ptx._arrive`, acq_rel), and if it is the last, add every part's slot in CTA order into `acc`
+        and reset the counter.  Returns 1 where this CTA ends the tile.  tidx: the thread among the MMA threads."""
+        nacc = cute.size(acc)
+        G = Int64(gdim)
+        U = Int64(units)
+        ws = p_act.toint() + Int64(k) * Int64(image_rows_dsl(m)) * 2          # past the stage images
+        parts = ws + workspace_counter_bytes(G)
+        slot = self.tm * self.tn * 4
+        mine = parts + slot_index(bid, tile, t0, Int64) * slot
+        for i in cutlass.range_constexpr(nacc // 4):
+            _st_v4f(mine + (i * self.mma_threads + tidx) * 16, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2],
+                    acc[4 * i + 3])
+        P = Int64(upt)
+        tu = Int64(tile) * P
+        b_first = Int32(cta_of_unit(tu, U, G))
+        b_last = Int32(cta_of_unit(tu + P - 1, U, G))
+        counter = ws + Int64(b_first) * 8
+        word = base.toint() + self.plan["meet_offset"]
+        self._mma_sync()                           # every MMA thread's slot writes are done
+        if tidx == 0:
+            _fence_gpu()
+            _sts_u32(word, _arrive(counter))
+        self._mma_sync()
+        last = Int32(_lds_u32(word) == b_last - b_first + 1)
+        if last != 0:
+            acc.fill(0.0)
+            for b in cutlass.range(b_first, b_last + 1, 1, unroll=1):
+                first_tile = Int32(range_start(Int64(b), U, G) // P)
+                sb = parts + slot_index(b, tile, first_tile, Int64) * slot
+                for i in cutlass.range_constexpr(nacc // 4):
+                    v = _ld_relaxed_v4f(sb + (i * self.mma_threads + tidx) * 16)
+                    for j in cutlass.range_constexpr(4):
+                        acc[4 * i + j] = acc[4 * i + j] + v[j]
+            if tidx == 0:
+                _st_u64(counter, Int64(0))
+        return last
 
     def _rows_out(self, n0, tidx, wg):
         """The output rows (weight rows) of MMA thread `tidx` of warpgroup `wg`: two per 64-row atom."""

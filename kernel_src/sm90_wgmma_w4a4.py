@@ -61,7 +61,10 @@ TUNING: dict[str, tuple] = dict(
     # there on the H200, docs/PERF.md session 5)
     # "gemv": the small-M form (its own kernel, sm90_gemv_kernel): mma.sync warps that stream their weight through
     # a per-thread cp.async ring, with no producer / consumer handshake; K split over a cluster sized at launch
-    schedule=("coop", "ws", "ws_splitk2", "ws_splitk4", "gemv"),
+    # "ws_streamk" (an experiment, session 24, not yet run): ws, act_source images, one CTA per SM over an equal range
+    # of (tile, group of k-tiles) units, so every SM works where N / tile_n tiles leave some idle (M <= 256); a tile
+    # split over CTAs meets in a workspace after the stage images (svdq_loader.ops.gemm_streamk)
+    schedule=("coop", "ws", "ws_splitk2", "ws_splitk4", "gemv", "ws_streamk"),
     # ws*: raw weight register sets of the MMA warps, each loaded that many k-tiles before it is decoded (2:
     # the measured default; 4: 12 more registers, for small M, where a CTA's k-tile is shorter than the
     # weight load's latency over two k-tiles; 8: the 64-row tile, 1-4 % faster than 4 at M = 64, session 17)

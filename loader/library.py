@@ -190,7 +190,8 @@ class Library:
                     f"variant {name} runs {pre} before each call, and {self.path} has no {pre} variant for "
                     f"{e.arch}; rebuild with `{pre}: {{}}` under variants.{e.arch} of the config")
             ln = decode_op.ImagesLauncher(self._kernel_launcher(mine[0], ordinal, capturing),
-                                          self._kernel_launcher(name, ordinal, capturing), OPS[e.op].arg_names)
+                                          self._kernel_launcher(name, ordinal, capturing), OPS[e.op].arg_names,
+                                          OPS[e.op].prepass_extra_bytes(e.knobs))
         with self._lock:
             return self._launchers.setdefault((name, ordinal), ln)
 

@@ -70,27 +70,12 @@ def test_image_rows_of_one_tile_are_one_contiguous_block():
 
 
 def test_images_launcher_runs_the_decode_then_the_gemm_on_the_workspace():
+    from launch_stubs import StubLauncher, stub_workspaces
     from svdq_loader.ops import GEMM_W4A4
 
-    class Stub:
-        def __init__(self, name):
-            self.name, self.device, self.calls = name, None, []
-
-        def launch(self, args):
-            self.calls.append(list(args))
-
-    dec, gemm = Stub("decode"), Stub("gemm")
+    dec, gemm = StubLauncher("decode"), StubLauncher("gemm")
     ln = D.ImagesLauncher(dec, gemm, GEMM_W4A4.arg_names)
-    sizes = []
-
-    class WS:
-        def __init__(self, n):
-            sizes.append(n)
-
-        def data_ptr(self):
-            return 0x7000_0000
-
-    ln._empty = WS
+    sizes = stub_workspaces(ln)
     names = GEMM_W4A4.arg_names
     args = [0x1000 * (i + 1) for i in range(9)] + [300, 256, 3072, 132, 0x55]
     ln.launch(args)

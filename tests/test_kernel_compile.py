@@ -190,6 +190,8 @@ def test_ws_register_split_fits_the_launch_allocation():
     (dict(tile_n=192, schedule="ws", act_source="images", tile_m=208),
      "tile 208x192: 104 accumulator registers per MMA thread do not fit the 160 registers"),
     (dict(tile_n=320, schedule="ws"), "tile_n 320 not supported"),
+    (dict(schedule="ws_streamk"), "schedule ws_streamk with act_source nvfp4: the stream-K meetings' workspace"),
+    (dict(tile_n=192, schedule="ws_streamk", act_source="images"), "(ws, act_source images, no split K)"),
 ])
 def test_invalid_reason_rejects_with_a_reason(knobs, words):
     reason = sm90.invalid_reason(ARCH, make_knobs(**knobs))
@@ -377,6 +379,12 @@ COMPILE_CASES = [
          act_decode="prmt", schedule="ws", wsets=4, act_source="images"),
     dict(out_dtype="fp16", rank=128, wcscale=True, bias=True, tile_n=192, prefetch=1, skip_pad=True,
          act_decode="prmt", schedule="ws", wsets=2, act_source="images"),
+    # stream-K (an experiment form, configs/sm90_streamk.yaml): the 64-row tile in units of four k-tiles, and the
+    # 256-row tile (128 accumulator registers besides the meeting) in units of two
+    dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, tile_m=64, prefetch=1, skip_pad=True,
+         act_decode="prmt", schedule="ws_streamk", wsets=4, act_source="images"),
+    dict(out_dtype="fp16", rank=64, wcscale=True, bias=True, tile_m=256, prefetch=1, skip_pad=True,
+         act_decode="prmt", schedule="ws_streamk", wsets=2, act_source="images"),
 ]
 
 
@@ -432,6 +440,16 @@ def test_compile_produces_a_clean_sm90a_cubin(knobs, tmp_path):
         assert len(re.findall(r"\bLD\.E\.128\b", sass)) >= k["tile_m"] // 8
     else:
         assert "UCGABAR" not in sass
+    nv4 = k["tile_n"] // 128 * k["tile_m"] // 2 // 4             # 16-byte vectors of accumulators per MMA thread
+    if k["schedule"] == "ws_streamk":
+        # a split tile's meeting: the partial sums out as 128-bit stores, one GPU-scope fence and one compare-and-swap
+        # (the arrival), the other parts read back with relaxed GPU-scope 128-bit loads, and the counter reset
+        assert len(re.findall(r"\bSTG\.E\.128\b", sass)) == nv4
+        assert len(re.findall(r"\bLDG\.E\.128\.STRONG\.GPU\b", sass)) == nv4
+        assert sass.count("ATOMG.E.CAS.64.STRONG.GPU") == 1 and "MEMBAR.ALL.GPU" in sass
+        assert sass.count("STG.E.64.STRONG.GPU") == 1
+    else:
+        assert "ATOMG" not in sass and "STRONG.GPU" not in sass
     if k["schedule"].startswith("ws"):
         from svdq_kernels import sm90_plan as fam
         entry, producer, consumer = fam.ws_regs(fam._cfg_of(k))

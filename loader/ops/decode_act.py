@@ -116,19 +116,26 @@ class ImagesLauncher(PerCallWorkspace):
     torch's caching allocator (on the current stream, which is the stream the library launches on), the
     decode pass into it, then the GEMM with ``act`` = the workspace.  Same interface as `Launcher`.
 
-    The workspace is released when `launch` returns (`workspace`)."""
+    The workspace is released when `launch` returns (`workspace`).  `extra`: None, or (m, n, k, sm_count) -> bytes
+    the GEMM uses after the images in the same workspace (the op spec's ``prepass_extra_bytes``)."""
 
-    def __init__(self, decode, gemm, gemm_arg_names: tuple[str, ...]):
+    def __init__(self, decode, gemm, gemm_arg_names: tuple[str, ...], extra=None):
         self.decode, self.gemm = decode, gemm
         self.name = gemm.name
         self.device = gemm.device
         self._m, self._k = gemm_arg_names.index("m"), gemm_arg_names.index("k")
         self._stream = gemm_arg_names.index("stream")
         self._act, self._asc = gemm_arg_names.index("act"), gemm_arg_names.index("ascales")
+        self._extra = extra
+        if extra is not None:
+            self._n, self._sms = gemm_arg_names.index("n"), gemm_arg_names.index("sm_count")
 
     def launch(self, args) -> None:
         m, k = args[self._m], args[self._k]
-        ws = self._alloc(image_bytes(m, k))
+        nbytes = image_bytes(m, k)
+        if self._extra is not None:
+            nbytes += self._extra(m, args[self._n], k, args[self._sms])
+        ws = self._alloc(nbytes)
         p = ws.data_ptr()
         self.decode.launch([args[self._act], args[self._asc], p, m, k, args[self._stream]])
         a = list(args)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import gemm_streamk
 from .decode_act import image_size_problem
 from .layouts import SCALE_LAYOUT_BY_ARCH, WEIGHT_FORMAT_BY_ARCH
 from .spec import PTR_ALIGN, Feature, OpSpec
@@ -67,6 +68,9 @@ SPEC = OpSpec(
     sample_scalars={"sm_count": 132},
     # a variant with act_source "images" reads the stage images decode_act writes (ops/decode_act.py)
     prepass=lambda knobs: "decode_act" if knobs.get("act_source") == "images" else None,
+    # the stream-K schedule's meetings use the decode_act workspace past the images (ops/gemm_streamk.py)
+    prepass_extra_bytes=lambda knobs: (gemm_streamk.workspace_bytes_for(knobs)
+                                       if knobs.get("schedule") == "ws_streamk" else None),
     knob_size_rule=_knob_size_rule,
 )
 

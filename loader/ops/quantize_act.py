@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 
 from .layouts import SCALE_LAYOUT_BY_ARCH
+from .ranges import cta_of_unit, range_start, workspace_counter_bytes  # noqa: F401  (re-exported)
 from .spec import PTR_ALIGN, Feature, OpSpec, distinct_k_coverage, m_k_shape_rule
 from .workspace import PerCallWorkspace
 
@@ -160,19 +161,9 @@ def ksplit_for(m: int, k: int, rank: int, sm_count: int) -> int:
 
 
 # ---------------------------------------------------------------------------
-# The range form's arithmetic, one home for the kernel (which calls these on its traced 64-bit integers) and
-# the loader and tests (on Python ints).  U = tiles * (K / 64) units, unit u = tile * steps + step; G CTAs.
+# The range form's arithmetic (the ranges themselves and the counters: `ranges`, shared with the GEMM's stream-K
+# schedule), for the loader and tests on Python ints.  U = tiles * (K / 64) units, unit u = tile * steps + step.
 # ---------------------------------------------------------------------------
-
-def range_start(b, units, ctas):
-    """First unit of CTA b's range [range_start(b), range_start(b + 1))."""
-    return b * units // ctas
-
-
-def cta_of_unit(u, units, ctas):
-    """The CTA whose range holds unit u (the largest b with range_start(b) <= u)."""
-    return ((u + 1) * ctas - 1) // units
-
 
 def tile_count(m: int, tile_rows: int, blocked: bool) -> int:
     """Row tiles of an M-row launch: M (``logical`` scales) or M rounded up to 128 (``blocked``) rows."""
@@ -184,13 +175,6 @@ def range_ctas(tiles: int, k: int, fill: int) -> int:
     """CTAs of a range launch: whole waves of `fill` CTAs, at least one per tile (so a CTA spans at most two
     tiles), at most one per (tile, 64-k step) unit."""
     return max(tiles, min(-(-tiles // fill) * fill, tiles * (k // 64)))
-
-
-def workspace_counter_bytes(ctas):
-    """Bytes of the workspace's counter words (one 64-bit word per CTA; a split tile counts on its first CTA's
-    word), rounded up to 256.  The partial-sum slots follow: slot ``2 b + e`` of CTA b (e = 0: its range's
-    first tile, 1: its last) holds ``tile_rows * R`` fp32."""
-    return (ctas * 8 + 255) // 256 * 256
 
 
 def workspace_bytes(ctas: int, tile_rows: int, rank: int) -> int:

@@ -74,6 +74,9 @@ class OpSpec:
     #: is two launches on one stream (e.g. ``gemm_w4a4`` with ``act_source`` images runs ``decode_act``
     #: into a per-call workspace first); the build refuses a config that lacks the pre-pass op's variants.
     prepass: Callable[[Mapping[str, Any]], "str | None"] = lambda knobs: None
+    #: (variant knobs) -> None, or a function (m, n, k, sm_count) -> the bytes such a variant's kernel uses past
+    #: the pre-pass's output in the same per-call workspace (the sm_90a GEMM's stream-K meetings)
+    prepass_extra_bytes: Callable[[Mapping[str, Any]], Any] = lambda knobs: None
     #: (variant knobs, dims) -> None or the size rule a knob adds to the shape rule (e.g. the images GEMM's
     #: workspace, which its pre-pass indexes with 32-bit offsets).  Selection and the tuning table apply it.
     knob_size_rule: Callable[[Mapping[str, Any], Mapping[str, int]], "str | None"] = lambda knobs, dims: None
