@@ -139,8 +139,9 @@ class _Sm90Wgmma:
     def recipe_hints(self, host_args) -> tuple:
         """The persistent grid as a launch-recipe expression over `host_args` (the op's (name, kind) list):
         min(tiles, sm_count), or under stream-K min(units, sm_count) (``svdq_loader.ops.gemm_streamk.grid``).  The
-        fitter's own search does not multiply by a quotient of a tile height such as 208 or 224 (those variants fell
-        back to the host-program interpreter on every call, session 24); split K (tiles x S CTAs) needs no hint."""
+        fitter's own search does not multiply by a quotient of a tile height such as 208 or 224 (those variants took
+        the general path: the host-program interpreter once per new problem size; session 24); split K (tiles x S
+        CTAs) needs no hint."""
         if self.ks > 1:
             return ()
         at = {name: ["arg", i] for i, (name, _) in enumerate(host_args)}
