@@ -117,3 +117,21 @@ def test_loop_unroll_is_the_kernels():
                 tile_k=64, stages=4, skip_pad=True, act_decode="prmt", schedule="ws_streamk", act_source="images")
     for wsets, prefetch in itertools.product((2, 4, 8), (1, 2, 4)):
         assert k_unroll(_cfg_of(dict(base, wsets=wsets, prefetch=prefetch))) == SK.loop_unroll(wsets, prefetch)
+
+
+@pytest.mark.parametrize("tile_m, wsets", [(64, 2), (64, 4), (256, 2), (208, 4)])
+def test_the_selftest_meets_in_every_stream_k_variant(tile_m, wsets):
+    """The GPU selftest's cases for a stream-K variant (``selftest.gemm_cases``) split tiles over several CTAs, so
+    the meeting runs against the float64 reference, not only whole tiles."""
+    pytest.importorskip("cutlass")
+    from svdq_kernels.sm90_wgmma_w4a4 import requirements
+    from svdq_loader.testing.selftest import gemm_cases
+    knobs = dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, scale_layout="logical", tile_m=tile_m,
+                 tile_n=128, tile_k=64, stages=4, prefetch=1, skip_pad=True, act_decode="prmt",
+                 schedule="ws_streamk", wsets=wsets, act_source="images")
+    split = 0
+    for case in gemm_cases(knobs, requirements("sm_90a", knobs)):
+        m, n, k = case.kwargs["m"], case.kwargs["n"], case.kwargs["k"]
+        parts, *_ = _replay(m, n, k, tile_m, 128, SK.loop_unroll(wsets, 1), 132)
+        split += sum(len(ps) > 1 for ps in parts.values())
+    assert split >= 8
