@@ -284,6 +284,32 @@ def _arrive(addr):
                 "and.b32 $0, $0, 0xFFFF;\n}", (Int32,), [addr], "=r,l", True)
 
 
+def _wait_arrivals(addr, want, timeout_ns: int = 2_000_000_000):
+    """Spin until the counter at `addr` (see _ARRIVE_KEY) holds at least `want` arrivals: ``ld.acquire.gpu`` with a
+    short ``nanosleep`` between reads, so the caller's later reads (after a barrier) see what the arrivals
+    published.  Traps after `timeout_ns` of %globaltimer: a launch whose CTAs are not all resident fails loudly
+    instead of hanging (the sm_90a GEMM's stream-K ``owner`` meeting)."""
+    key = f"{_ARRIVE_KEY:#018x}"
+    _asm("{\n.reg .pred p;\n.reg .b64 v, hi, t0, t1;\n.reg .b32 c;\n"
+         "mov.u64 t0, %globaltimer;\n"
+         "WAIT_${:uid}:\n"
+         "ld.acquire.gpu.global.b64 v, [$0];\n"
+         "and.b64 hi, v, 0xFFFFFFFFFFFF0000;\n"
+         f"setp.eq.b64 p, hi, {key};\n"
+         "cvt.u32.u64 c, v;\n"
+         "and.b32 c, c, 0xFFFF;\n"
+         "selp.b32 c, c, 0, p;\n"
+         "setp.ge.u32 p, c, $1;\n"
+         "@p bra DONE_${:uid};\n"
+         "nanosleep.u32 32;\n"
+         "mov.u64 t1, %globaltimer;\n"
+         "sub.u64 t1, t1, t0;\n"
+         f"setp.gt.u64 p, t1, {int(timeout_ns)};\n"
+         "@p trap;\n"
+         "bra.uni WAIT_${:uid};\n"
+         "DONE_${:uid}:\n}", (), [addr, want], "l,r")
+
+
 def _fence_gpu():
     _asm("fence.acq_rel.gpu;", (), [], "")
 

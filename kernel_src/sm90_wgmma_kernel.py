@@ -109,7 +109,7 @@ from .sm90_decode_ptx import (_adecode, _adecode_prmt, _bcast, _bulk_g2s, _byte_
 from .sm90_epilogue_ptx import pair_blocks, store_yt_pairs
 from .sm90_plan import (TILE_K, THREADS, _Cfg, _lora_chunk, _problem, mma_warpgroups, ws_regs,
                         _smem_plan, is_streamk, is_ws, k_unroll, ksplit_of, ring_slot, split_k_share, threads_of)
-from .quantize_ptx import _arrive, _fence_gpu, _lds_u32, _st_u64, _sts_u32
+from .quantize_ptx import _arrive, _fence_gpu, _lds_u32, _st_u64, _sts_u32, _wait_arrivals
 from svdq_loader.ops.gemm_streamk import segment as streamk_segment, slot_index
 from svdq_loader.ops.ranges import cta_of_unit, range_start, workspace_counter_bytes
 
@@ -121,6 +121,17 @@ from svdq_loader.ops.ranges import cta_of_unit, range_start, workspace_counter_b
 EPILOGUE = os.environ.get("SVDQ_KERNEL_SM90_EPILOGUE", "late")
 if EPILOGUE not in ("late", "early"):
     raise ValueError(f"SVDQ_KERNEL_SM90_EPILOGUE={EPILOGUE!r}: the sm_90a epilogue form must be one of early, late")
+
+#: How a stream-K tile's parts meet (an experiment, not yet timed; ``SVDQ_KERNEL_SM90_STREAMK_MEET``): ``last``, the
+#: default, has every part write its slot and arrive, and the last arrival add all slots (no CTA ever waits);
+#: ``owner`` has the tile's first CTA, whose part comes last in its range, wait for the others' arrivals and add
+#: their slots to its own registers: it never writes or reads back a slot of its own (half the slot traffic of a
+#: two-part tile), at the price of a wait (bounded: a trap after 2 s, `quantize_ptx._wait_arrivals`).  Not applied
+#: where the registers do not allow it (``owner_meets``).
+STREAMK_MEET = os.environ.get("SVDQ_KERNEL_SM90_STREAMK_MEET", "last")
+if STREAMK_MEET not in ("last", "owner"):
+    raise ValueError(f"SVDQ_KERNEL_SM90_STREAMK_MEET={STREAMK_MEET!r}: the stream-K meeting must be one of last, "
+                     f"owner")
 
 _OUT_DTYPES = {"fp16": Float16, "bf16": BFloat16}
 _ACC_UNSCALE = float(2 ** 14)
@@ -186,6 +197,9 @@ class _Sm90Wgmma:
         # (ptxas keeps the later chunks' addresses live through the main loop, or the split's reduction needs them)
         self.early = EPILOGUE == "early"
         self.sk = is_streamk(cfg)                # ws_streamk: equal unit ranges, split tiles meet in the workspace
+        # (not where it spilled: the 208-row tile with four weight sets kept 8-24 byte stack frames, session 24; it
+        # meets as ``last`` in an ``owner`` build)
+        self.owner_meets = self.sk and STREAMK_MEET == "owner" and not (self.tm * self.atoms > 128 and self.wsets > 2)
         self.lora_prefetch = (self.early and self.ws and self.ks == 1 and not self.sk and cfg.rank > 0
                               and cfg.rank == self.rc)
 
@@ -632,21 +646,20 @@ class _Sm90Wgmma:
         count one arrival on the tile's counter (one thread: GPU-scope fence, then the compare-and-swap of
         `quantize_ptx._arrive`, acq_rel), and if it is the last, add every part's slot in CTA order into `acc`
         and reset the counter.  Returns 1 where this CTA ends the tile.  tidx: the thread among the MMA threads."""
-        nacc = cute.size(acc)
         G = Int64(gdim)
         U = Int64(units)
         ws = p_act.toint() + Int64(k) * Int64(image_rows_dsl(m)) * 2          # past the stage images
         parts = ws + workspace_counter_bytes(G)
         slot = self.tm * self.tn * 4
-        mine = parts + slot_index(bid, tile, t0, Int64) * slot
-        for i in cutlass.range_constexpr(nacc // 4):
-            _st_v4f(mine + (i * self.mma_threads + tidx) * 16, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2],
-                    acc[4 * i + 3])
         P = Int64(upt)
         tu = Int64(tile) * P
         b_first = Int32(cta_of_unit(tu, U, G))
         b_last = Int32(cta_of_unit(tu + P - 1, U, G))
         counter = ws + Int64(b_first) * 8
+        if cutlass.const_expr(self.owner_meets):
+            return self._streamk_owner_meet(parts, slot, counter, tile, t0, upt, U, G, bid, b_first, b_last, tidx,
+                                            acc)
+        self._slot_write(parts + slot_index(bid, tile, t0, Int64) * slot, tidx, acc)
         word = base.toint() + self.plan["meet_offset"]
         self._mma_sync()                           # every MMA thread's slot writes are done
         if tidx == 0:
@@ -657,15 +670,53 @@ class _Sm90Wgmma:
         if last != 0:
             acc.fill(0.0)
             for b in cutlass.range(b_first, b_last + 1, 1, unroll=1):
-                first_tile = Int32(range_start(Int64(b), U, G) // P)
-                sb = parts + slot_index(b, tile, first_tile, Int64) * slot
-                for i in cutlass.range_constexpr(nacc // 4):
-                    v = _ld_relaxed_v4f(sb + (i * self.mma_threads + tidx) * 16)
-                    for j in cutlass.range_constexpr(4):
-                        acc[4 * i + j] = acc[4 * i + j] + v[j]
+                self._slot_add(self._part_slot(parts, slot, b, tile, U, G, P), tidx, acc)
             if tidx == 0:
                 _st_u64(counter, Int64(0))
         return last
+
+    @cute.jit
+    def _streamk_owner_meet(self, parts, slot, counter, tile, t0, upt, U, G, bid, b_first, b_last, tidx, acc):
+        """The ``owner`` meeting (``STREAMK_MEET``): a CTA other than the tile's first writes its slot and arrives;
+        the first CTA (its part is the last one of its range) waits for the others' arrivals (one thread, then a
+        barrier of the MMA threads) and adds their slots, in CTA order after its own part, into `acc`.  Returns 1
+        where this CTA ends the tile."""
+        owner = Int32(bid == b_first)
+        if owner == 0:
+            self._slot_write(parts + slot_index(bid, tile, t0, Int64) * slot, tidx, acc)
+            self._mma_sync()                       # every MMA thread's slot writes are done
+            if tidx == 0:
+                _fence_gpu()
+                _arrive(counter)
+        else:
+            if tidx == 0:
+                _wait_arrivals(counter, b_last - b_first)
+            self._mma_sync()
+            for b in cutlass.range(b_first + 1, b_last + 1, 1, unroll=1):
+                self._slot_add(self._part_slot(parts, slot, b, tile, U, G, Int64(upt)), tidx, acc)
+            if tidx == 0:
+                _st_u64(counter, Int64(0))
+        return owner
+
+    def _slot_write(self, addr, tidx, acc):
+        """This MMA thread's accumulators -> the meeting slot at `addr` (its 16-byte vector i at
+        (i * mma_threads + tidx) * 16, so a warp's stores cover 512 contiguous bytes)."""
+        for i in range(cute.size(acc) // 4):
+            _st_v4f(addr + (i * self.mma_threads + tidx) * 16, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2],
+                    acc[4 * i + 3])
+
+    def _slot_add(self, addr, tidx, acc):
+        """acc += the meeting slot at `addr`, read as `_slot_write` wrote it (relaxed GPU-scope loads)."""
+        for i in range(cute.size(acc) // 4):
+            v = _ld_relaxed_v4f(addr + (i * self.mma_threads + tidx) * 16)
+            for j in range(4):
+                acc[4 * i + j] = acc[4 * i + j] + v[j]
+
+    def _part_slot(self, parts, slot, b, tile, U, G, P):
+        """The address of CTA b's slot for `tile` (the slot it wrote: `gemm_streamk.slot_index` of its range's first
+        tile, range_start(b) // P)."""
+        first_tile = Int32(range_start(Int64(b), U, G) // P)
+        return parts + slot_index(b, tile, first_tile, Int64) * slot
 
     def _rows_out(self, n0, tidx, wg):
         """The output rows (weight rows) of MMA thread `tidx` of warpgroup `wg`: two per 64-row atom."""

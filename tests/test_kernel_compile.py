@@ -510,6 +510,39 @@ def test_the_epilogue_switch_names_its_values():
     assert "SVDQ_KERNEL_SM90_EPILOGUE='soon': the sm_90a epilogue form must be one of early, late" in r.stderr
 
 
+@pytest.mark.parametrize("tile_m, wsets, rank", [(64, 4, 32), (256, 2, 64)])
+def test_the_owner_meeting_waits_instead_of_writing_its_own_slot(tile_m, wsets, rank, tmp_path, monkeypatch):
+    """SVDQ_KERNEL_SM90_STREAMK_MEET=owner (an experiment build): the stream-K kernel still compiles without a stack
+    frame; its meeting has the other parts' slot stores and arrival (one fence, one compare-and-swap), and the first
+    CTA's bounded wait (an acquire-load loop with nanosleep that traps on timeout) before it reads their slots and
+    resets the counter."""
+    from svdq_kernels import sm90_wgmma_kernel as kern
+    monkeypatch.setattr(kern, "STREAMK_MEET", "owner")
+    k = make_knobs(out_dtype="bf16", rank=rank, tile_m=tile_m, prefetch=1, skip_pad=True, act_decode="prmt",
+                   schedule="ws_streamk", wsets=wsets, act_source="images")
+    name, ck = compile_knobs(k, tmp_path, keep_ptx=True)
+    assert ck.resource_usage[ck.kernel_symbols[0]]["stack_frame_bytes"] == 0
+    sass = sass_of_cubin(ck.cubin, tmp_path)
+    ptx = (tmp_path / f"{ck.entry}.{ARCH}.ptx").read_text()
+    nv4 = tile_m // 2 // 4
+    assert len(re.findall(r"\bSTG\.E\.128\b", sass)) == nv4
+    assert len(re.findall(r"\bLDG\.E\.128\.STRONG\.GPU\b", sass)) == nv4
+    assert sass.count("ATOMG.E.CAS.64.STRONG.GPU") == 1 and "MEMBAR.ALL.GPU" in sass
+    assert "ld.acquire.gpu.global.b64" in ptx and "nanosleep.u32" in ptx and "%globaltimer" in ptx
+    assert "BPT.TRAP" in sass and not re.search(r"\b(STL|LDL)\b", sass)
+
+
+def test_the_streamk_meeting_switch_names_its_values():
+    """A bad SVDQ_KERNEL_SM90_STREAMK_MEET is refused at import with the value and the allowed forms."""
+    import os
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", "import svdq_kernels.sm90_wgmma_kernel"], capture_output=True,
+                       text=True, env=dict(os.environ, SVDQ_KERNEL_SM90_STREAMK_MEET="first"))
+    assert r.returncode != 0
+    assert "SVDQ_KERNEL_SM90_STREAMK_MEET='first': the stream-K meeting must be one of last, owner" in r.stderr
+
+
 def test_build_refuses_a_variant_that_fails_the_static_checks(monkeypatch, tmp_path):
     from svdq_kernels import sm90_wgmma_w4a4 as fam
     monkeypatch.setattr(fam, "static_problem", lambda ptx, usage, *mma: "planted problem")

@@ -4,8 +4,8 @@
 # An EXP is a build with a kernel switch set (SVDQ_KERNEL_*: the same variant names as BASE) or a config of
 # experiment forms (configs/sm90_*.yaml: its own variant names, each timed beside the others of its folder).  A
 # BASE alone is itself the experiment (e.g. configs/sm90_stages.yaml, whose forms are built at several depths).
-# 1. every GEMM variant of each EXP (of BASE when alone) against the float64 reference (the selftest: M tails,
-#    calls without the affine);
+# 1. every GEMM variant of each EXP (and of BASE when alone or with SELFTEST_BASE=1) against the float64 reference
+#    (the selftest: M tails, calls without the affine);
 # 2. tools/sm90_sweep.py BASE EXP ...: each variant of every folder timed on the same inputs in the same run, every
 #    output checked (SWEEP_M, SWEEP_MATCH and SWEEP_ARGS choose the M values, the forms and more options);
 # 3. unless NCU=0, ncu of one M = 1024 attn_out call (K = N = 3072) per folder, the loader's own pick: GEMM
@@ -26,7 +26,7 @@ export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { tail -20 "$OUT/install.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 TESTED=("${@:2}")
-[ $# -eq 1 ] && TESTED=("$BASE")
+if [ $# -eq 1 ] || [ "${SELFTEST_BASE:-0}" = 1 ]; then TESTED=("$BASE" "${@:2}"); fi
 for EXP in "${TESTED[@]}"; do
     log="$OUT/selftest_$(basename "$EXP").log"
     timeout "${T_SELFTEST:-200}" python3 -m svdq_loader.testing.selftest "$EXP" --require-gpu --op gemm_w4a4 >"$log" 2>&1
