@@ -348,6 +348,7 @@ class _QuantizeAct:
                         wsb = workspace.toint()
                         parts = wsb + workspace_counter_bytes(Gv)
                         slot_bytes = self.rows_cta * R * 4
+                        # (slot 2b + e: `ranges.slot_index`'s rule, kept inline here as the H200-tested build has it)
                         mine = parts + (Int64(bid) * 2 + Int64(tile != t_a)) * slot_bytes
                         for i in cutlass.range_constexpr(per_thr):
                             idx = tid + 32 * W * i

@@ -110,8 +110,8 @@ from .sm90_epilogue_ptx import pair_blocks, store_yt_pairs
 from .sm90_plan import (TILE_K, THREADS, _Cfg, _lora_chunk, _problem, mma_warpgroups, ws_regs,
                         _smem_plan, is_streamk, is_ws, k_unroll, ksplit_of, ring_slot, split_k_share, threads_of)
 from .quantize_ptx import _arrive, _fence_gpu, _lds_u32, _st_u64, _sts_u32, _wait_arrivals
-from svdq_loader.ops.gemm_streamk import segment as streamk_segment, slot_index
-from svdq_loader.ops.ranges import cta_of_unit, range_start, workspace_counter_bytes
+from svdq_loader.ops.gemm_streamk import segment as streamk_segment
+from svdq_loader.ops.ranges import cta_of_unit, range_start, slot_index, workspace_counter_bytes
 
 #: Where the epilogue's operands are loaded (an experiment, not yet timed; chosen at build time with
 #: ``SVDQ_KERNEL_SM90_EPILOGUE``, which like every ``SVDQ_KERNEL_*`` switch enters the build cache key and the
@@ -713,7 +713,7 @@ class _Sm90Wgmma:
                 acc[4 * i + j] = acc[4 * i + j] + v[j]
 
     def _part_slot(self, parts, slot, b, tile, U, G, P):
-        """The address of CTA b's slot for `tile` (the slot it wrote: `gemm_streamk.slot_index` of its range's first
+        """The address of CTA b's slot for `tile` (the slot it wrote: `ranges.slot_index` of its range's first
         tile, range_start(b) // P)."""
         first_tile = Int32(range_start(Int64(b), U, G) // P)
         return parts + slot_index(b, tile, first_tile, Int64) * slot

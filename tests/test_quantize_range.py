@@ -13,6 +13,7 @@ import random
 import pytest
 
 from svdq_loader.ops import quantize_act as qop
+from svdq_loader.ops import ranges as R
 
 
 def _walk(tiles: int, steps: int, ctas: int):
@@ -20,7 +21,7 @@ def _walk(tiles: int, steps: int, ctas: int):
     units = tiles * steps
     out = {}
     for b in range(ctas):
-        u0, u1 = qop.range_start(b, units, ctas), qop.range_start(b + 1, units, ctas)
+        u0, u1 = R.range_start(b, units, ctas), R.range_start(b + 1, units, ctas)
         t_a = u0 // steps
         t_b = (u1 - 1) // steps if u1 > u0 else t_a - 1
         out[b] = [(t, max(u0 - t * steps, 0), min(u1 - t * steps, steps)) for t in range(t_a, t_b + 1)]
@@ -59,8 +60,8 @@ def test_meeting_points(tiles, steps, ctas):
             owners.setdefault(t, []).append((b, lo, hi))
     counters, slots = set(), set()
     for t, parts in owners.items():
-        b_first = qop.cta_of_unit(t * steps, units, ctas)
-        b_last = qop.cta_of_unit(t * steps + steps - 1, units, ctas)
+        b_first = R.cta_of_unit(t * steps, units, ctas)
+        b_last = R.cta_of_unit(t * steps + steps - 1, units, ctas)
         assert [b for b, _, _ in parts] == list(range(b_first, b_last + 1))
         if len(parts) == 1:
             assert parts[0][1:] == (0, steps)          # whole: stored directly, no counter, no slot
@@ -70,14 +71,14 @@ def test_meeting_points(tiles, steps, ctas):
         for b, lo, hi in parts:
             first_tile = walk[b][0][0]
             written = (b, int(t != first_tile))                     # the writer: its range's first tile or not
-            read = (b, int(qop.range_start(b, units, ctas) // steps != t))   # the reader's rule
+            read = (b, int(R.range_start(b, units, ctas) // steps != t))   # the reader's rule
             assert written == read and written not in slots
             slots.add(written)
 
 
 def test_workspace_layout():
     for ctas in (1, 31, 32, 33, 396, 1188):
-        c = qop.workspace_counter_bytes(ctas)
+        c = R.workspace_counter_bytes(ctas)
         assert c >= 8 * ctas and c % 256 == 0 and c - 8 * ctas < 256
         assert qop.workspace_bytes(ctas, 16, 32) == c + ctas * 2 * 16 * 32 * 4
         assert qop.workspace_bytes(ctas, 16, 0) == 0

@@ -1,7 +1,7 @@
 """The sm_90a GEMM's stream-K schedule (``ws_streamk``, an experiment not yet run on a GPU), on the CPU.
 
 The kernel walks its range with ``gemm_streamk.segment`` and meets with ``ranges.cta_of_unit`` /
-``gemm_streamk.slot_index`` on its traced integers; here the same functions are replayed on Python ints for every
+``ranges.slot_index`` on its traced integers; here the same functions are replayed on Python ints for every
 CTA of many launches: the segments cover every (tile, k-tile) once, in whole loop steps, with a ring index that runs
 on from segment to segment; a split tile's parts are exactly the CTAs its counter word names; no two parts share a
 slot or two split tiles a counter; the workspace holds them all.  Then the launcher's workspace size, the family's
@@ -21,7 +21,7 @@ from launch_stubs import WORKSPACE_PTR, StubLauncher, stub_workspaces  # noqa: E
 from svdq_loader.ops import GEMM_W4A4  # noqa: E402
 from svdq_loader.ops import decode_act as D  # noqa: E402
 from svdq_loader.ops import gemm_streamk as SK  # noqa: E402
-from svdq_loader.ops.ranges import cta_of_unit, range_start, workspace_counter_bytes  # noqa: E402
+from svdq_loader.ops.ranges import cta_of_unit, range_start, slot_index, workspace_counter_bytes  # noqa: E402
 
 PROBLEMS = [  # (m, n, k, tile_m, tile_n, unroll, sm_count)
     (m, n, k, tm, 128, u, sms)
@@ -52,7 +52,7 @@ def _replay(m, n, k, tm, tn, unroll, sms):
             assert nk >= unroll and nk % unroll == 0 and kabs % unroll == 0 and kabs + nk <= num_kt
             ring += nk
             whole = kabs == 0 and nk == num_kt
-            parts.setdefault(tile, []).append((b, kabs, nk, None if whole else SK.slot_index(b, tile, t0)))
+            parts.setdefault(tile, []).append((b, kabs, nk, None if whole else slot_index(b, tile, t0)))
         assert ring == (u1 - u0) * unroll
     return parts, G, upt, total
 
@@ -73,7 +73,7 @@ def test_every_k_tile_once_and_every_meeting_consistent(problem):
         b_first, b_last = cta_of_unit(tile * upt, total, G), cta_of_unit(tile * upt + upt - 1, total, G)
         assert [p[0] for p in ps] == list(range(b_first, b_last + 1)), "the meeting counts every part, in CTA order"
         for b, _, _, slot in ps:                       # the last arrival reads b's slot where b wrote it
-            assert slot == SK.slot_index(b, tile, range_start(b, total, G) // upt)
+            assert slot == slot_index(b, tile, range_start(b, total, G) // upt)
             assert slot not in slots and slot < 2 * G
             slots.add(slot)
         assert b_first not in counters

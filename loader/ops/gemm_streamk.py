@@ -9,7 +9,8 @@ problem instead.
 * A **unit** is one tile's group of `unroll` consecutive k-tiles (the MMA warps' main loop is unrolled by that
   many, so a CTA's share of a tile is whole loop steps): unit u = tile * units_per_tile + j.
 * **Grid**: G = min(units, SMs) CTAs, CTA b takes the units [range_start(b), range_start(b + 1))
-  (`svdq_loader.ops.ranges`), tile by tile: its *segments*.  A segment that is a whole tile ends as in ``ws``.
+  (`svdq_loader.ops.ranges`, which also holds the slot and workspace layout), tile by tile: its *segments*.
+  A segment that is a whole tile ends as in ``ws``.
 * A **split tile** (its units in several CTAs' ranges) *meets*: each of its CTAs writes its fp32 partial
   accumulators to its own slot, and counts one arrival on the tile's counter (its first CTA's word); the last to
   arrive adds every slot in CTA order (the same sum whoever is last), then runs the epilogue (wcscale, LoRA, bias,
@@ -22,7 +23,7 @@ problem instead.
 """
 from __future__ import annotations
 
-from .ranges import workspace_counter_bytes
+from . import ranges
 
 #: k per k-tile of the sm_90a GEMM
 K_TILE = 64
@@ -62,20 +63,13 @@ def segment(tile, u0, u1, upt, unroll, maximum=max, minimum=min):
     return lo * unroll, (hi - lo) * unroll, (tile * upt + lo - u0) * unroll
 
 
-def slot_index(b, tile, first_tile, integer=int):
-    """Slot of CTA b's partial sums of `tile` (its range begins in `first_tile`): 2b for the range's first tile,
-    2b + 1 for its last (the only two tiles of a range that can be split).  `integer`: the kernel passes the DSL's
-    64-bit integer type."""
-    return 2 * integer(b) + integer(tile != first_tile)
-
-
 def slot_bytes(tile_m: int, tile_n: int) -> int:
     return tile_m * tile_n * 4
 
 
 def workspace_bytes(ctas: int, tile_m: int, tile_n: int) -> int:
-    """Bytes of the meetings' workspace of a `ctas`-CTA launch: the counters, then two slots per CTA."""
-    return workspace_counter_bytes(ctas) + ctas * 2 * slot_bytes(tile_m, tile_n)
+    """Bytes of the meetings' workspace of a `ctas`-CTA launch (`ranges.workspace_bytes`)."""
+    return ranges.workspace_bytes(ctas, slot_bytes(tile_m, tile_n))
 
 
 def workspace_bytes_for(knobs):
@@ -88,6 +82,5 @@ def workspace_bytes_for(knobs):
     return extra
 
 
-__all__ = ["K_TILE", "loop_unroll", "units_per_tile", "tile_count", "units", "grid", "segment", "slot_index",
-           "slot_bytes", "workspace_bytes",
-           "workspace_bytes_for"]
+__all__ = ["K_TILE", "loop_unroll", "units_per_tile", "tile_count", "units", "grid", "segment", "slot_bytes",
+           "workspace_bytes", "workspace_bytes_for"]

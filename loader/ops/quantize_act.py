@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 
 from .layouts import SCALE_LAYOUT_BY_ARCH
-from .ranges import cta_of_unit, range_start, workspace_counter_bytes  # noqa: F401  (re-exported)
+from . import ranges
 from .spec import PTR_ALIGN, Feature, OpSpec, distinct_k_coverage, m_k_shape_rule
 from .workspace import PerCallWorkspace
 
@@ -181,7 +181,7 @@ def workspace_bytes(ctas: int, tile_rows: int, rank: int) -> int:
     """Bytes of the workspace a ``ctas``-CTA range launch needs (0 without LoRA: no sums to meet)."""
     if not rank:
         return 0
-    return workspace_counter_bytes(ctas) + ctas * 2 * tile_rows * rank * 4
+    return ranges.workspace_bytes(ctas, tile_rows * rank * 4)
 
 
 #: Without LoRA the range form serves from this many row tiles (M >= 256) up: 2-22 % less time than the best

@@ -29,4 +29,17 @@ def workspace_counter_bytes(ctas):
     return (ctas * 8 + 255) // 256 * 256
 
 
-__all__ = ["range_start", "cta_of_unit", "workspace_counter_bytes"]
+def slot_index(b, tile, first_tile, integer=int):
+    """Slot of CTA b's partial sums of `tile` (its range begins in `first_tile`): 2b for the range's first tile,
+    2b + 1 for its last (the only two tiles of a range that can be split).  `integer`: the GEMM's stream-K kernel
+    passes the DSL's 64-bit integer type (quantize_act's kernel writes the same rule inline)."""
+    return integer(b) * 2 + integer(tile != first_tile)
+
+
+def workspace_bytes(ctas, slot_bytes):
+    """Bytes of the workspace of a `ctas`-CTA launch whose slots hold `slot_bytes` each: the counters, then two
+    slots per CTA."""
+    return workspace_counter_bytes(ctas) + ctas * 2 * slot_bytes
+
+
+__all__ = ["range_start", "cta_of_unit", "workspace_counter_bytes", "slot_index", "workspace_bytes"]
