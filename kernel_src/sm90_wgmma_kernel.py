@@ -159,8 +159,7 @@ class _Sm90Wgmma:
         tiles = ["mul", ["ceildiv", at["m"], self.tm], ["floordiv", at["n"], self.tn]]
         fill = ["min", tiles, at["sm_count"]]
         if not self.sk:
-            # a power-of-two height the fitter finds by itself (and its recipes ran as found); 208 and 224 it does not
-            return () if self.tm & (self.tm - 1) == 0 else (fill,)
+            return (fill,)
         return (["min", ["mul", fill, ["floordiv", at["k"], TILE_K * self.unroll]], at["sm_count"]],)
 
     def resource_problem(self, usage: dict):
