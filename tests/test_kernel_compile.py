@@ -345,6 +345,8 @@ def test_static_problem_rules():
 # compiles (1-5 s each): every build also runs static_problem (wgmma present, no stack frame)
 # --------------------------------------------------------------------------
 
+#: the knobs every images-form case below shares (with wcscale and bias)
+_IMAGES = dict(wcscale=True, bias=True, prefetch=1, skip_pad=True, act_decode="prmt", act_source="images")
 COMPILE_CASES = [
     dict(out_dtype="fp16", rank=0, wcscale=False, bias=False),
     dict(out_dtype="bf16", rank=32, wcscale=True, bias=True),
@@ -375,16 +377,12 @@ COMPILE_CASES = [
     dict(out_dtype="fp16", rank=96, wcscale=True, bias=False, tile_m=64, prefetch=2, skip_pad=True,
          act_decode="prmt", schedule="ws_splitk4", wsets=4, act_source="nvfp4"),
     # the 128 x 192 images tile: three MMA warpgroups, 512 threads, 24 / 160 registers (an experiment form)
-    dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, tile_n=192, prefetch=1, skip_pad=True,
-         act_decode="prmt", schedule="ws", wsets=4, act_source="images"),
-    dict(out_dtype="fp16", rank=128, wcscale=True, bias=True, tile_n=192, prefetch=1, skip_pad=True,
-         act_decode="prmt", schedule="ws", wsets=2, act_source="images"),
+    dict(_IMAGES, out_dtype="bf16", rank=32, tile_n=192, schedule="ws", wsets=4),
+    dict(_IMAGES, out_dtype="fp16", rank=128, tile_n=192, schedule="ws", wsets=2),
     # stream-K (an experiment form, configs/sm90_streamk.yaml): the 64-row tile in units of four k-tiles, and the
     # 256-row tile (128 accumulator registers besides the meeting) in units of two
-    dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, tile_m=64, prefetch=1, skip_pad=True,
-         act_decode="prmt", schedule="ws_streamk", wsets=4, act_source="images"),
-    dict(out_dtype="fp16", rank=64, wcscale=True, bias=True, tile_m=256, prefetch=1, skip_pad=True,
-         act_decode="prmt", schedule="ws_streamk", wsets=2, act_source="images"),
+    dict(_IMAGES, out_dtype="bf16", rank=32, tile_m=64, schedule="ws_streamk", wsets=4),
+    dict(_IMAGES, out_dtype="fp16", rank=64, tile_m=256, schedule="ws_streamk", wsets=2),
 ]
 
 
@@ -518,8 +516,7 @@ def test_the_owner_meeting_waits_instead_of_writing_its_own_slot(tile_m, wsets, 
     resets the counter."""
     from svdq_kernels import sm90_wgmma_kernel as kern
     monkeypatch.setattr(kern, "STREAMK_MEET", "owner")
-    k = make_knobs(out_dtype="bf16", rank=rank, tile_m=tile_m, prefetch=1, skip_pad=True, act_decode="prmt",
-                   schedule="ws_streamk", wsets=wsets, act_source="images")
+    k = make_knobs(**dict(_IMAGES, out_dtype="bf16", rank=rank, tile_m=tile_m, schedule="ws_streamk", wsets=wsets))
     name, ck = compile_knobs(k, tmp_path, keep_ptx=True)
     assert ck.resource_usage[ck.kernel_symbols[0]]["stack_frame_bytes"] == 0
     sass = sass_of_cubin(ck.cubin, tmp_path)
