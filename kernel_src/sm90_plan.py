@@ -302,6 +302,49 @@ def ring_slot(g, stages: int):
     return g % stages, (g // stages) & 1
 
 
+def ring_step(gstep, stages: int):
+    """The ws ring at the start of one unrolled step of the MMA warps' main loop: (stage, parity) of its first
+    k-tile `gstep` (>= 0), as `ring_slot` gives them, with a shift and masks where `stages` is a power of two (a
+    signed modulo and division cost ptxas about ten instructions per k-tile).  Plain operators, like `ring_slot`."""
+    if stages & (stages - 1) == 0:
+        return gstep & (stages - 1), (gstep >> (stages.bit_length() - 1)) & 1
+    return gstep % stages, (gstep // stages) & 1
+
+
+def ring_aligned(stages: int, unroll: int) -> bool:
+    """Whether an unrolled step's k-tiles find their stages without a modulo (`ring_in_step`): the step spans whole
+    turns of the ring, or the ring holds whole steps (every form of configs/flux.yaml: 4 stages, unroll 2, 4, 8)."""
+    return unroll % stages == 0 or stages % unroll == 0
+
+
+def ring_in_step(gstep, base, u: int, stages: int, unroll: int):
+    """(stage, parity) of the u-th k-tile of an unrolled step (0 <= u < unroll), from `ring_step`'s `base` for its
+    first k-tile `gstep`, which is a multiple of `unroll` (a CTA's k-tiles come in whole steps: every segment,
+    split-K share and tile is a multiple of the unroll).  Where the step spans whole turns of the ring
+    (unroll % stages == 0) the stage is a trace-time constant; where the ring holds whole steps (stages % unroll
+    == 0) it is the base plus u, with no wrap.  Otherwise (not `ring_aligned`) None: the caller takes
+    `ring_slot(gstep + u)`."""
+    stage, parity = base
+    if unroll % stages == 0:
+        return u % stages, parity ^ ((u // stages) & 1)
+    if stages % unroll == 0:
+        return stage + u, parity
+    return None
+
+
+def ring_prev_stage(base, stages: int, unroll: int):
+    """The stage of the k-tile before an unrolled step (the one whose wgmmas its first ``wait_group(1)`` retires),
+    from the step's `ring_step` base, under the same conditions as `ring_in_step` (else None)."""
+    stage, _ = base
+    if unroll % stages == 0:
+        return stages - 1
+    if stages % unroll == 0:
+        if stages & (stages - 1) == 0:
+            return (stage + stages - 1) & (stages - 1)
+        return (stage + stages - 1) % stages
+    return None
+
+
 def gemv_ring_start(ring: int, slot_bytes: int):
     """The gemv tile_m 16 weight ring's running offsets at k-tile 0: (read, refill) = (slot 0, slot ring - 1), in
     units of `slot_bytes` (the prologue fills slots 0 .. ring - 2)."""

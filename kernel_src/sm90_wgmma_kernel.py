@@ -44,7 +44,9 @@ Two schedules (knob ``schedule``) run that same arithmetic:
   and 2 only load and decode their weight fragments (two raw sets, two k-tiles ahead), wait on
   ``full``, issue the wgmmas, hand a stage back after the next k-tile's ``wait_group(1)``, and
   run the epilogue while the producer already fills the stages of their next tile (so the LoRA
-  chunk has SMEM of its own).  ``setmaxnreg`` gives the producer ``WS_PRODUCER_REGS`` and the
+  chunk has SMEM of its own).  The experiment build ``SVDQ_KERNEL_SM90_RING=step`` (``RING`` below; not yet timed)
+  takes a loop step's ring stage and parity once, not per k-tile: 13-20 % shorter main loops where the unroll is
+  4 or 8.  ``setmaxnreg`` gives the producer ``WS_PRODUCER_REGS`` and the
   MMA warps ``WS_CONSUMER_REGS`` out of the launch allocation of 384 x 168 registers.
 * tile_n 192 (``ws``, ``act_source`` images; an experiment form, built and statically checked, not yet run):
   three MMA warpgroups of one 64-row atom each, 512 threads, registers split 24 / 160 out of 512 x 128
@@ -108,7 +110,8 @@ from .sm90_decode_ptx import (_adecode, _adecode_prmt, _bcast, _bulk_g2s, _byte_
                               _ld_relaxed_v4f, _st_v4f, _sts_v4f, _wdecode, weight_scales_x128)
 from .sm90_epilogue_ptx import pair_blocks, store_yt_pairs
 from .sm90_plan import (TILE_K, THREADS, _Cfg, _lora_chunk, _problem, mma_warpgroups, ws_regs,
-                        _smem_plan, is_streamk, is_ws, k_unroll, ksplit_of, ring_slot, split_k_share, threads_of)
+                        _smem_plan, is_streamk, is_ws, k_unroll, ksplit_of, ring_aligned, ring_in_step,
+                        ring_prev_stage, ring_slot, ring_step, split_k_share, threads_of)
 from .quantize_ptx import _arrive, _fence_gpu, _lds_u32, _st_u64, _sts_u32, _wait_arrivals
 from svdq_loader.ops.gemm_streamk import segment as streamk_segment
 from svdq_loader.ops.ranges import cta_of_unit, range_start, slot_index, workspace_counter_bytes
@@ -132,6 +135,15 @@ STREAMK_MEET = os.environ.get("SVDQ_KERNEL_SM90_STREAMK_MEET", "last")
 if STREAMK_MEET not in ("last", "owner"):
     raise ValueError(f"SVDQ_KERNEL_SM90_STREAMK_MEET={STREAMK_MEET!r}: the stream-K meeting must be one of last, "
                      f"owner")
+
+#: How the MMA warps' main loop finds its ring stage and parity (an experiment, not yet timed;
+#: ``SVDQ_KERNEL_SM90_RING``): ``modulo``, the default, takes ``ring_slot`` of every k-tile (a signed modulo and
+#: division, about ten instructions each, and seven more for the stage a ``wait_group(1)`` hands back); ``step``
+#: takes them once per unrolled step (``sm90_plan.ring_step``), after which each k-tile's stage is a trace-time
+#: constant or the base plus its offset (``ring_in_step``, ``ring_prev_stage``).
+RING = os.environ.get("SVDQ_KERNEL_SM90_RING", "modulo")
+if RING not in ("modulo", "step"):
+    raise ValueError(f"SVDQ_KERNEL_SM90_RING={RING!r}: the sm_90a ring bookkeeping must be one of modulo, step")
 
 _OUT_DTYPES = {"fp16": Float16, "bf16": BFloat16}
 _ACC_UNSCALE = float(2 ** 14)
@@ -505,12 +517,18 @@ class _Sm90Wgmma:
                 for t in cutlass.range_constexpr(P):
                     self._load_act(mActW, mAscH, rows_ld, kcs, kw, _k(kabs, t), raw[t], rsc[t])
                 UP = max(2, P)                      # k-tiles per unrolled producer step (a multiple of P)
+                step = RING == "step" and ring_aligned(S, UP)
                 for kt2 in cutlass.range(0, nk, UP, unroll=1):
+                    gs = g0 + kt2                   # a multiple of UP: every tile's or share's nk is one of U
+                    if cutlass.const_expr(step):
+                        ring0 = ring_step(gs, S)
                     for half in cutlass.range_constexpr(UP):
                         kt = kt2 + half
                         rs = half % P               # the register set holding k-tile kt
-                        g = g0 + kt
-                        stage, par = ring_slot(g, S)
+                        if cutlass.const_expr(step):
+                            stage, par = ring_in_step(gs, ring0, half, S, UP)
+                        else:
+                            stage, par = ring_slot(g0 + kt, S)
                         cute.arch.mbarrier_wait(bars + S + stage, par ^ 1)
                         if cutlass.const_expr(self.skip_pad):
                             if full:
@@ -557,12 +575,19 @@ class _Sm90Wgmma:
                 if cutlass.const_expr(self.lora_prefetch):
                     # the LoRA rides in during the main loop (its SMEM is idle until the epilogue)
                     self._lora_prefetch(p_la, p_lu, base, m, n, m0, n0, ctid)
+                step = RING == "step" and ring_aligned(S, U)
                 for ktu in cutlass.range(0, nk_t, U, unroll=1):
+                    gs = g0 + ktu
+                    if cutlass.const_expr(step):
+                        ring0 = ring_step(gs, S)
                     for u in cutlass.range_constexpr(U):
                         kt = ktu + u
                         half = u % 2                # the fragment buffer of k-tile kt
                         g = g0 + kt
-                        stage, par = ring_slot(g, S)
+                        if cutlass.const_expr(step):
+                            stage, par = ring_in_step(gs, ring0, u, S, U)
+                        else:
+                            stage, par = ring_slot(g, S)
                         cute.arch.mbarrier_wait(bars + stage, par)
                         warpgroup.fence()
                         for kb in cutlass.range_constexpr(TILE_K // 16):
@@ -571,11 +596,11 @@ class _Sm90Wgmma:
                         warpgroup.wait_group(1)     # k-tile kt-1 is done: its stage goes back to the producer
                         if cutlass.const_expr(u > 0):
                             if lane == 0:
-                                cute.arch.mbarrier_arrive(bars + S + (g - 1) % S)
+                                self._hand_back(bars, g, gs, ring0 if step else None, u)
                         else:
                             if ktu > 0:
                                 if lane == 0:
-                                    cute.arch.mbarrier_arrive(bars + S + (g - 1) % S)
+                                    self._hand_back(bars, g, gs, ring0 if step else None, u)
                         # k-tile kt+1 (raw set (u+1) mod W) -> fragments 1-half; then k-tile kt+1+W into that set
                         ws_ = (u + 1) % W
                         self._decode_w(fragW[1 - half], wraw[ws_], wsc[ws_])
@@ -628,6 +653,17 @@ class _Sm90Wgmma:
                     self._epilogue(p_la, p_lu, p_bias, base, m, n, m0, n0, ctid, cwg, affine, acc,
                                    lora_ready=self.lora_prefetch)
                     self._store_out(p_out, m, n, m0, n0, ctid, cwg, acc)
+
+    def _hand_back(self, bars, g, gs, ring0, u):
+        """Arrive on the empty barrier of the k-tile before k-tile g (the u-th of the loop step starting at gs),
+        which a ``wait_group(1)`` has just retired: its stage from the step's `ring0` (``RING`` step), or
+        ``(g - 1) % stages`` where `ring0` is None."""
+        S, U = self.stages, self.unroll
+        if ring0 is None:
+            prev = (g - 1) % S
+        else:
+            prev = ring_in_step(gs, ring0, u - 1, S, U)[0] if u > 0 else ring_prev_stage(ring0, S, U)
+        cute.arch.mbarrier_arrive(bars + S + prev)
 
     def _segment(self, tile, t0, tstep, kabs, nk, sk):
         """(first k-tile, k-tiles, ring index of its first k-tile) of this CTA's work on `tile`: the whole tile or

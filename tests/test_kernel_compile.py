@@ -540,6 +540,47 @@ def test_the_streamk_meeting_switch_names_its_values():
     assert "SVDQ_KERNEL_SM90_STREAMK_MEET='first': the stream-K meeting must be one of last, owner" in r.stderr
 
 
+@pytest.mark.parametrize("tile_m, wsets, cut", [(64, 8, 0.15), (208, 4, 0.12), (64, 4, 0.12)])
+def test_the_step_ring_takes_the_stages_once_per_loop_step(tile_m, wsets, cut, tmp_path, monkeypatch):
+    """SVDQ_KERNEL_SM90_RING=step (an experiment build): the MMA warps' main loop keeps its wgmmas and loses the
+    per-k-tile signed modulo and division of `ring_slot` (ptxas: an arithmetic shift right by 31 feeding a
+    LEA.HI), at least `cut` of its instructions (session 25 counted 19 % / 15 % / 18 %), with no stack frame."""
+    from kernel_checks import instructions, loops
+    from svdq_kernels import sm90_wgmma_kernel as kern
+    src = "images" if tile_m != 64 or wsets == 8 else "nvfp4"
+    k = make_knobs(**dict(_IMAGES, out_dtype="bf16", rank=32, tile_m=tile_m, schedule="ws", wsets=wsets,
+                          act_source=src, prefetch=1 if src == "images" else 4))
+    main = {}
+    for ring in ("modulo", "step"):
+        monkeypatch.setattr(kern, "RING", ring)
+        _, ck = compile_knobs(k, tmp_path / ring)
+        assert ck.resource_usage[ck.kernel_symbols[0]]["stack_frame_bytes"] == 0
+        ins = instructions(sass_of_cubin(ck.cubin, tmp_path / ring))
+        lp = min((lp for lp in loops(ins) if lp["hmma"]), key=lambda lp: lp["instructions"])
+        body = [t for a, t in ins if lp["start"] <= a <= lp["end"]]
+        main[ring] = (lp, sum("SHF.R.S32.HI" in t for t in body))
+    (old, old_div), (new, new_div) = main["modulo"], main["step"]
+    assert new["hmma"] == old["hmma"] == 4 * k_unroll_of(k)
+    assert new["instructions"] <= (1 - cut) * old["instructions"]
+    assert old_div >= k_unroll_of(k) and new_div == 0
+
+
+def k_unroll_of(knobs):
+    from svdq_kernels.sm90_plan import _cfg_of, k_unroll
+    return k_unroll(_cfg_of(knobs))
+
+
+def test_the_ring_switch_names_its_values():
+    """A bad SVDQ_KERNEL_SM90_RING is refused at import with the value and the allowed forms."""
+    import os
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", "import svdq_kernels.sm90_wgmma_kernel"], capture_output=True,
+                       text=True, env=dict(os.environ, SVDQ_KERNEL_SM90_RING="fast"))
+    assert r.returncode != 0
+    assert "SVDQ_KERNEL_SM90_RING='fast': the sm_90a ring bookkeeping must be one of modulo, step" in r.stderr
+
+
 def test_build_refuses_a_variant_that_fails_the_static_checks(monkeypatch, tmp_path):
     from svdq_kernels import sm90_wgmma_w4a4 as fam
     monkeypatch.setattr(fam, "static_problem", lambda ptx, usage, *mma: "planted problem")
