@@ -210,10 +210,11 @@ def _problem(cfg: _Cfg) -> Optional[str]:
     if is_gemv(cfg):
         return _gemv_problem(cfg)
     if cfg.tile_n == WIDE_TILE_N:
-        if cfg.schedule != "ws" or cfg.act_source != "images":
+        if cfg.schedule not in ("ws", "ws_streamk") or cfg.act_source != "images":
             return (f"tile_n {cfg.tile_n} with schedule {cfg.schedule} and act_source {cfg.act_source}: three MMA "
                     f"warpgroups leave {WIDE_REGS[1]} registers to the producer, enough for the one thread that "
-                    f"bulk-copies stage images (ws, act_source images, no split K) and not for a decoding producer")
+                    f"bulk-copies stage images (ws or ws_streamk, act_source images, no cluster split) and not for a "
+                    f"decoding producer")
         if cfg.tile_m > 128:
             return (f"tile {cfg.tile_m}x{cfg.tile_n}: {cfg.tile_m // 2} accumulator registers per MMA thread do not "
                     f"fit the {WIDE_REGS[2]} registers three MMA warpgroups leave each (512 threads, "

@@ -186,12 +186,13 @@ def test_ws_register_split_fits_the_launch_allocation():
     (dict(wsets=3, schedule="ws"), "wsets 3 not supported"),
     (dict(tile_n=192), "tile_n 192 with schedule coop and act_source nvfp4: three MMA warpgroups leave 24 registers"),
     (dict(tile_n=192, schedule="ws"), "not for a decoding producer"),
-    (dict(tile_n=192, schedule="ws_splitk2", act_source="images"), "(ws, act_source images, no split K)"),
+    (dict(tile_n=192, schedule="ws_splitk2", act_source="images"),
+     "(ws or ws_streamk, act_source images, no cluster split)"),
     (dict(tile_n=192, schedule="ws", act_source="images", tile_m=208),
      "tile 208x192: 104 accumulator registers per MMA thread do not fit the 160 registers"),
     (dict(tile_n=320, schedule="ws"), "tile_n 320 not supported"),
     (dict(schedule="ws_streamk"), "schedule ws_streamk with act_source nvfp4: the stream-K meetings' workspace"),
-    (dict(tile_n=192, schedule="ws_streamk", act_source="images"), "(ws, act_source images, no split K)"),
+    (dict(tile_n=192, schedule="ws_streamk"), "tile_n 192 with schedule ws_streamk and act_source nvfp4"),
 ])
 def test_invalid_reason_rejects_with_a_reason(knobs, words):
     reason = sm90.invalid_reason(ARCH, make_knobs(**knobs))
@@ -383,6 +384,8 @@ COMPILE_CASES = [
     # 256-row tile (128 accumulator registers besides the meeting) in units of two
     dict(_IMAGES, out_dtype="bf16", rank=32, tile_m=64, schedule="ws_streamk", wsets=4),
     dict(_IMAGES, out_dtype="fp16", rank=64, tile_m=256, schedule="ws_streamk", wsets=2),
+    # and the 64 x 192 tile's three MMA warpgroups under stream-K (session 25)
+    dict(_IMAGES, out_dtype="bf16", rank=32, tile_m=64, tile_n=192, schedule="ws_streamk", wsets=4),
 ]
 
 

@@ -30,7 +30,8 @@ PROBLEMS = [  # (m, n, k, tile_m, tile_n, unroll, sm_count)
     for tm, u, sms in ((64, 4, 132), (64, 2, 132), (256, 2, 132), (208, 4, 132), (64, 4, 78), (64, 4, 1),
                        (256, 2, 7))
     if k % (64 * u) == 0
-]
+] + [(m, n, k, 64, 192, u, 132) for m, n, k in ((64, 3072, 3072), (64, 12288, 3072), (64, 21504, 3072),
+                                                 (64, 3072, 15360)) for u in (2, 4)]
 
 
 def _replay(m, n, k, tm, tn, unroll, sms):
@@ -57,7 +58,7 @@ def _replay(m, n, k, tm, tn, unroll, sms):
     return parts, G, upt, total
 
 
-@pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: "m{}n{}k{}_t{}u{}s{}".format(*p[:4], *p[5:]))
+@pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: "m{}n{}k{}_t{}x{}u{}s{}".format(*p))
 def test_every_k_tile_once_and_every_meeting_consistent(problem):
     m, n, k, tm, tn, unroll, sms = problem
     parts, G, upt, total = _replay(*problem)
@@ -119,19 +120,20 @@ def test_loop_unroll_is_the_kernels():
         assert k_unroll(_cfg_of(dict(base, wsets=wsets, prefetch=prefetch))) == SK.loop_unroll(wsets, prefetch)
 
 
-@pytest.mark.parametrize("tile_m, wsets", [(64, 2), (64, 4), (256, 2), (208, 4)])
-def test_the_selftest_meets_in_every_stream_k_variant(tile_m, wsets):
+@pytest.mark.parametrize("tile_m, tile_n, wsets", [(64, 128, 2), (64, 128, 4), (256, 128, 2), (208, 128, 4),
+                                                   (64, 192, 2), (64, 192, 4)])
+def test_the_selftest_meets_in_every_stream_k_variant(tile_m, tile_n, wsets):
     """The GPU selftest's cases for a stream-K variant (``selftest.gemm_cases``) split tiles over several CTAs, so
     the meeting runs against the float64 reference, not only whole tiles."""
     pytest.importorskip("cutlass")
     from svdq_kernels.sm90_wgmma_w4a4 import requirements
     from svdq_loader.testing.selftest import gemm_cases
     knobs = dict(out_dtype="bf16", rank=32, wcscale=True, bias=True, scale_layout="logical", tile_m=tile_m,
-                 tile_n=128, tile_k=64, stages=4, prefetch=1, skip_pad=True, act_decode="prmt",
+                 tile_n=tile_n, tile_k=64, stages=4, prefetch=1, skip_pad=True, act_decode="prmt",
                  schedule="ws_streamk", wsets=wsets, act_source="images")
     split = 0
     for case in gemm_cases(knobs, requirements("sm_90a", knobs)):
         m, n, k = case.kwargs["m"], case.kwargs["n"], case.kwargs["k"]
-        parts, *_ = _replay(m, n, k, tile_m, 128, SK.loop_unroll(wsets, 1), 132)
+        parts, *_ = _replay(m, n, k, tile_m, tile_n, SK.loop_unroll(wsets, 1), 132)
         split += sum(len(ps) > 1 for ps in parts.values())
     assert split >= 8
