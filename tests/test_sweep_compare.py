@@ -41,3 +41,17 @@ def test_a_failed_first_folder_row_has_no_ratio():
     rows = [_row("a", "v1", 16, 0.0, ok=False), _row("b", "v1", 16, 9.0), _row("c", "v1", 16, 8.0)]
     want = "| knobs of v1 | 16 | 3072 | 3072 | FAILED | 9.0 | – | 8.0 | – |"
     assert sweep.compare(rows, ["a", "b", "c"])[2] == want
+
+
+def test_the_json_is_replaced_whole_after_each_shape(tmp_path):
+    """write_json (called after every shape, so a sweep stopped by its time limit keeps its rows): each call leaves
+    the file holding all rows so far and no temporary beside it."""
+    import json
+    path = tmp_path / "sweep.json"
+    rows = [_row("a", "v1", 16, 10.0)]
+    sweep.write_json(str(path), rows, "GPU X")
+    rows.append(_row("a", "v1", 64, 20.0))
+    sweep.write_json(str(path), rows, "GPU X")
+    got = json.loads(path.read_text())
+    assert got["gpu"] == "GPU X" and [r["m"] for r in got["rows"]] == [16, 64]
+    assert [p.name for p in tmp_path.iterdir()] == ["sweep.json"]

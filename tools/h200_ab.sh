@@ -5,7 +5,9 @@
 # experiment forms (configs/sm90_*.yaml: its own variant names, each timed beside the others of its folder).  A
 # BASE alone is itself the experiment (e.g. configs/sm90_stages.yaml, whose forms are built at several depths).
 # 1. every GEMM variant of each EXP (and of BASE when alone or with SELFTEST_BASE=1) against the float64 reference
-#    (the selftest: M tails, calls without the affine);
+#    (the selftest: M tails, calls without the affine); SELFTEST=0 skips it, for a first look at many folders in one
+#    call (the sweep still checks every output against the eager pipeline; a winner gets its selftest before it
+#    ships);
 # 2. tools/sm90_sweep.py BASE EXP ...: each variant of every folder timed on the same inputs in the same run, every
 #    output checked (SWEEP_M, SWEEP_MATCH and SWEEP_ARGS choose the M values, the forms and more options);
 # 3. unless NCU=0, ncu of one M = 1024 attn_out call (K = N = 3072) per folder, the loader's own pick: GEMM
@@ -27,6 +29,7 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 TESTED=("${@:2}")
 if [ $# -eq 1 ] || [ "${SELFTEST_BASE:-0}" = 1 ]; then TESTED=("$BASE" "${@:2}"); fi
+if [ "${SELFTEST:-1}" = 0 ]; then TESTED=(); fi      # a first look: the sweep's output checks only
 for EXP in "${TESTED[@]}"; do
     log="$OUT/selftest_$(basename "$EXP").log"
     timeout "${T_SELFTEST:-200}" python3 -m svdq_loader.testing.selftest "$EXP" --require-gpu --op gemm_w4a4 >"$log" 2>&1

@@ -10,12 +10,14 @@ below 1e-2, finite); a variant that fails the check is reported and not timed.  
 copies that one pass moves more than twice the L2 (weights included), as in `svdq-aot bench`.
 With several artifact folders (e.g. a build with a kernel switch such as SVDQ_KERNEL_SM90_WDECODE=shift beside a
 plain one), every variant of each is timed on the same inputs in the same run; rows name their folder, and a
-closing table gives each variant's time per folder and its ratio to the first folder's.
+closing table gives each variant's time per folder and its ratio to the first folder's.  ``--json`` is rewritten
+after every shape, so a sweep stopped by a time limit keeps the rows it timed.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import torch
@@ -77,6 +79,7 @@ def main(argv=None) -> int:
     st = bench.QUICK if a.quick else bench.Settings(reps=9, warmup=2, target_ms=2.0)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    gpu = torch.cuda.get_device_name(0)
     libs = {folder: svdq_loader.load(folder) for folder in a.artifacts}
     lib = libs[a.artifacts[0]]               # prepares the weights (one format for every sm_90a build)
     tdt = bench._dtype(a.dtype)
@@ -142,13 +145,22 @@ def main(argv=None) -> int:
                          if ok else f"CHECK FAILED rel {rel:.3g}"), flush=True)
             del sets, ws, outs, want
             bench._free()
+            if a.json:              # after every shape, so a sweep stopped by a time limit keeps what it timed
+                write_json(a.json, rows, gpu)
     table = compare(rows, a.artifacts)
     if table:
         print("\n" + "\n".join(table))
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(dict(gpu=torch.cuda.get_device_name(0), rows=rows), f, indent=1)
+        write_json(a.json, rows, gpu)
     return 0 if all(r["ok"] for r in rows) else 1
+
+
+def write_json(path: str, rows: list[dict], gpu: str) -> None:
+    """The rows so far as JSON, replacing `path` whole (a reader never sees half a file)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(dict(gpu=gpu, rows=rows), f, indent=1)
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":
