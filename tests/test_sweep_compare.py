@@ -55,3 +55,22 @@ def test_the_json_is_replaced_whole_after_each_shape(tmp_path):
     got = json.loads(path.read_text())
     assert got["gpu"] == "GPU X" and [r["m"] for r in got["rows"]] == [16, 64]
     assert [p.name for p in tmp_path.iterdir()] == ["sweep.json"]
+
+
+def test_the_best_table_gives_each_folders_fastest_form_per_shape():
+    def row(folder, variant, m, us, ok=True, knobs="tile_m=64 tile_n=128 stages=4 schedule=ws wsets=8 "
+                                                      "act_source=images"):
+        r = dict(_row(folder, variant, m, us, ok), knobs=knobs, cublas_us=20.0)
+        return r
+    sk = "tile_m=64 tile_n=192 stages=4 schedule=ws_streamk wsets=4 act_source=images"
+    rows = [row("a", "v1", 64, 22.0), row("a", "v2", 64, 25.0), row("b", "v1", 64, 21.0),
+            row("b", "v3", 64, 11.0, knobs=sk), row("c", "v1", 64, 0.0, ok=False),
+            row("a", "v1", 256, 40.0), row("b", "v1", 256, 44.0)]
+    lines = sweep.best_table(rows, ["a", "b", "c"])
+    assert lines[0] == ("| M | K | N | cuBLAS µs | a: best µs (form) | b: best µs (form) | c: best µs (form) "
+                        "| b / a | c / a |")
+    assert lines[2] == ("| 64 | 3072 | 3072 | 20.0 | 22.0 (64x128 ws w8 s4 img) | 11.0 (64x192 ws_streamk w4 s4 img) "
+                        "| – | 0.500 | – |")
+    assert lines[3] == ("| 256 | 3072 | 3072 | 20.0 | 40.0 (64x128 ws w8 s4 img) | 44.0 (64x128 ws w8 s4 img) | – "
+                        "| 1.100 | – |")
+    assert sweep.best_table(rows, ["a"]) == []

@@ -35,3 +35,41 @@ def test_the_ab_script_refuses_missing_folders(tmp_path):
                        env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out")})
     assert r.returncode == 2 and "nope has no manifest.json" in r.stderr
     assert not (tmp_path / "out").exists()           # refused before anything ran
+
+
+def _stub_bin(tmp_path):
+    """A PATH whose python3, nvidia-smi and timeout only record their arguments (python3 prints a best table when
+    it runs the sweep), so h200_ab.sh's own logic runs without a GPU."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    calls = tmp_path / "calls.log"
+    (bin_ / "python3").write_text(
+        "#!/bin/bash\n"
+        f"echo \"python3 $*\" >> {calls}\n"
+        "case \"$*\" in *sm90_sweep.py*) echo '| M | K | N | cuBLAS µs | a: best µs (form) |';"
+        " echo '| 64 | 3072 | 3072 | 9.0 | 12.0 (64x128 ws w8 s4 img) |';; esac\n")
+    (bin_ / "nvidia-smi").write_text("#!/bin/bash\necho 'NVIDIA H200, 580'\n")
+    (bin_ / "timeout").write_text("#!/bin/bash\nshift\nexec \"$@\"\n")
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+    return f"{bin_}:/usr/bin:/bin", calls
+
+
+@pytest.mark.parametrize("selftest, tested", [("1", ["exp1", "exp2"]), ("0", [])])
+def test_the_ab_script_runs_selftests_unless_told_not_to_and_sweeps_every_folder(tmp_path, selftest, tested):
+    script = str(SCRIPTS[0].parent / "h200_ab.sh")
+    folders = []
+    for name in ("base", "exp1", "exp2"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "manifest.json").write_text("{}")
+        folders.append(str(tmp_path / name))
+    path, calls = _stub_bin(tmp_path)
+    r = subprocess.run(["bash", script, *folders], capture_output=True, text=True,
+                       env={"PATH": path, "OUT": str(tmp_path / "out"), "SELFTEST": selftest, "NCU": "0"})
+    assert r.returncode == 0, r.stderr
+    log = calls.read_text().splitlines()
+    ran = [line.split()[3].rsplit("/", 1)[1] for line in log if "svdq_loader.testing.selftest" in line]
+    assert ran == tested
+    sweep = [line for line in log if "tools/sm90_sweep.py" in line]
+    assert len(sweep) == 1 and all(f in sweep[0] for f in folders)
+    assert "| 64 | 3072 | 3072 | 9.0 | 12.0 (64x128 ws w8 s4 img) |" in r.stdout     # the best table, echoed

@@ -38,8 +38,8 @@ done
 timeout "${T_SWEEP:-300}" python3 tools/sm90_sweep.py "$@" --m "${SWEEP_M:-64,256,1024,4608}" \
     --match "${SWEEP_MATCH:-schedule=ws wsets}" --quick ${SWEEP_ARGS:-} --json "$OUT/sweep.json" >"$OUT/sweep.log" 2>&1
 echo "sweep exit $?"
-if grep -q '^| variant (knobs)' "$OUT/sweep.log"; then
-    sed -n '/^| variant (knobs)/,$p' "$OUT/sweep.log" | head -120
+if grep -q '^| M | K | N | cuBLAS' "$OUT/sweep.log"; then
+    sed -n '/^| M | K | N | cuBLAS/,$p' "$OUT/sweep.log" | head -150    # each folder's best per shape, then per form
 else
     grep -E '^M=|cuBLAS|FAIL' "$OUT/sweep.log" | head -150          # one folder: its rows as the sweep printed them
 fi

@@ -9,8 +9,9 @@ Every variant's output is checked once per shape against the eager torch W4A4 pi
 below 1e-2, finite); a variant that fails the check is reported and not timed.  Inputs rotate over enough
 copies that one pass moves more than twice the L2 (weights included), as in `svdq-aot bench`.
 With several artifact folders (e.g. a build with a kernel switch such as SVDQ_KERNEL_SM90_WDECODE=shift beside a
-plain one), every variant of each is timed on the same inputs in the same run; rows name their folder, and a
-closing table gives each variant's time per folder and its ratio to the first folder's.  ``--json`` is rewritten
+plain one), every variant of each is timed on the same inputs in the same run; rows name their folder, and two
+closing tables give each folder's fastest form per shape (and its time over the first folder's best), then each
+variant's time per folder and its ratio to the first folder's.  ``--json`` is rewritten
 after every shape, so a sweep stopped by a time limit keeps the rows it timed.
 """
 from __future__ import annotations
@@ -56,6 +57,41 @@ def compare(rows: list[dict], folders: list[str]) -> list[str]:
                 cells += ["FAILED", "–"]
             else:
                 cells += [f"{o['us']:.1f}", f"{o['us'] / base:.3f}" if base else "–"]
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def brief(knobs: str) -> str:
+    """A row's knob summary (`short`) in a few characters: tile, schedule, weight sets, stages, activation source."""
+    k = dict(kv.split("=", 1) for kv in knobs.split())
+    out = f"{k.get('tile_m')}x{k.get('tile_n')} {k.get('schedule')}"
+    if "wsets" in k:
+        out += f" w{k['wsets']}"
+    if "stages" in k:
+        out += f" s{k['stages']}"
+    return out + (" img" if k.get("act_source") == "images" else "")
+
+
+def best_table(rows: list[dict], folders: list[str]) -> list[str]:
+    """Markdown lines: per shape (M, K, N), each folder's fastest checked variant (µs, its form) and that time over
+    the first folder's best, beside cuBLAS bf16; the table to read first when several builds are swept."""
+    if len(folders) < 2:
+        return []
+    shapes = list(dict.fromkeys((r["m"], r["k"], r["n"]) for r in rows))
+    head = ["M", "K", "N", "cuBLAS µs"] + [f"{f}: best µs (form)" for f in folders] + \
+        [f"{f} / {folders[0]}" for f in folders[1:]]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for shape in shapes:
+        mine = [r for r in rows if (r["m"], r["k"], r["n"]) == shape]
+        best = {}
+        for f in folders:
+            ok = [r for r in mine if r["artifacts"] == f and r["ok"]]
+            best[f] = min(ok, key=lambda r: r["us"]) if ok else None
+        cublas = mine[0].get("cublas_us")
+        cells = [str(x) for x in shape] + [f"{cublas:.1f}" if cublas else "–"]
+        cells += [f"{b['us']:.1f} ({brief(b['knobs'])})" if b else "–" for b in best.values()]
+        b0 = best[folders[0]]
+        cells += [f"{best[f]['us'] / b0['us']:.3f}" if best[f] and b0 else "–" for f in folders[1:]]
         out.append("| " + " | ".join(cells) + " |")
     return out
 
@@ -147,8 +183,8 @@ def main(argv=None) -> int:
             bench._free()
             if a.json:              # after every shape, so a sweep stopped by a time limit keeps what it timed
                 write_json(a.json, rows, gpu)
-    table = compare(rows, a.artifacts)
-    if table:
+    table = best_table(rows, a.artifacts) + [""] + compare(rows, a.artifacts)
+    if len(a.artifacts) > 1:
         print("\n" + "\n".join(table))
     if a.json:
         write_json(a.json, rows, gpu)
