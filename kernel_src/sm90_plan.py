@@ -318,13 +318,13 @@ def ring_aligned(stages: int, unroll: int) -> bool:
     return unroll % stages == 0 or stages % unroll == 0
 
 
-def ring_in_step(gstep, base, u: int, stages: int, unroll: int):
+def ring_in_step(base, u: int, stages: int, unroll: int):
     """(stage, parity) of the u-th k-tile of an unrolled step (0 <= u < unroll), from `ring_step`'s `base` for its
-    first k-tile `gstep`, which is a multiple of `unroll` (a CTA's k-tiles come in whole steps: every segment,
+    first k-tile, whose ring index is a multiple of `unroll` (a CTA's k-tiles come in whole steps: every segment,
     split-K share and tile is a multiple of the unroll).  Where the step spans whole turns of the ring
     (unroll % stages == 0) the stage is a trace-time constant; where the ring holds whole steps (stages % unroll
     == 0) it is the base plus u, with no wrap.  Otherwise (not `ring_aligned`) None: the caller takes
-    `ring_slot(gstep + u)`."""
+    `ring_slot` of the k-tile's index."""
     stage, parity = base
     if unroll % stages == 0:
         return u % stages, parity ^ ((u // stages) & 1)

@@ -526,7 +526,7 @@ class _Sm90Wgmma:
                         kt = kt2 + half
                         rs = half % P               # the register set holding k-tile kt
                         if cutlass.const_expr(step):
-                            stage, par = ring_in_step(gs, ring0, half, S, UP)
+                            stage, par = ring_in_step(ring0, half, S, UP)
                         else:
                             stage, par = ring_slot(g0 + kt, S)
                         cute.arch.mbarrier_wait(bars + S + stage, par ^ 1)
@@ -585,7 +585,7 @@ class _Sm90Wgmma:
                         half = u % 2                # the fragment buffer of k-tile kt
                         g = g0 + kt
                         if cutlass.const_expr(step):
-                            stage, par = ring_in_step(gs, ring0, u, S, U)
+                            stage, par = ring_in_step(ring0, u, S, U)
                         else:
                             stage, par = ring_slot(g, S)
                         cute.arch.mbarrier_wait(bars + stage, par)
@@ -596,11 +596,11 @@ class _Sm90Wgmma:
                         warpgroup.wait_group(1)     # k-tile kt-1 is done: its stage goes back to the producer
                         if cutlass.const_expr(u > 0):
                             if lane == 0:
-                                self._hand_back(bars, g, gs, ring0 if step else None, u)
+                                self._hand_back(bars, g, ring0 if step else None, u)
                         else:
                             if ktu > 0:
                                 if lane == 0:
-                                    self._hand_back(bars, g, gs, ring0 if step else None, u)
+                                    self._hand_back(bars, g, ring0 if step else None, u)
                         # k-tile kt+1 (raw set (u+1) mod W) -> fragments 1-half; then k-tile kt+1+W into that set
                         ws_ = (u + 1) % W
                         self._decode_w(fragW[1 - half], wraw[ws_], wsc[ws_])
@@ -654,15 +654,15 @@ class _Sm90Wgmma:
                                    lora_ready=self.lora_prefetch)
                     self._store_out(p_out, m, n, m0, n0, ctid, cwg, acc)
 
-    def _hand_back(self, bars, g, gs, ring0, u):
-        """Arrive on the empty barrier of the k-tile before k-tile g (the u-th of the loop step starting at gs),
+    def _hand_back(self, bars, g, ring0, u):
+        """Arrive on the empty barrier of the k-tile before k-tile g (the u-th of its unrolled loop step),
         which a ``wait_group(1)`` has just retired: its stage from the step's `ring0` (``RING`` step), or
         ``(g - 1) % stages`` where `ring0` is None."""
         S, U = self.stages, self.unroll
         if ring0 is None:
             prev = (g - 1) % S
         else:
-            prev = ring_in_step(gs, ring0, u - 1, S, U)[0] if u > 0 else ring_prev_stage(ring0, S, U)
+            prev = ring_in_step(ring0, u - 1, S, U)[0] if u > 0 else ring_prev_stage(ring0, S, U)
         cute.arch.mbarrier_arrive(bars + S + prev)
 
     def _segment(self, tile, t0, tstep, kabs, nk, sk):

@@ -49,8 +49,8 @@ def _step_slots(S, U, gs):
     base = ring_step(gs, S)
     out = []
     for u in range(U):
-        stage, par = ring_in_step(gs, base, u, S, U)
-        prev = ring_in_step(gs, base, u - 1, S, U)[0] if u > 0 else ring_prev_stage(base, S, U)
+        stage, par = ring_in_step(base, u, S, U)
+        prev = ring_in_step(base, u - 1, S, U)[0] if u > 0 else ring_prev_stage(base, S, U)
         out.append((stage, par, prev))
     return out
 
@@ -134,12 +134,12 @@ def test_the_step_bookkeeping_equals_ring_slot(S, U):
         assert base == ring_slot(gs, S)
         prev = ring_prev_stage(base, S, U)
         for u in range(U):
-            got = ring_in_step(gs, base, u, S, U)
+            got = ring_in_step(base, u, S, U)
             assert got == (ring_slot(gs + u, S) if aligned else None), (S, U, gs, u)
         if aligned:
             assert prev == ring_slot(gs - 1, S)[0] if gs else prev in range(S)
             if U % S == 0:      # the stage is a trace-time constant: the run-time base stage is never read
-                assert [ring_in_step(gs, (None, base[1]), u, S, U)[0] for u in range(U)] == [u % S for u in range(U)]
+                assert [ring_in_step((None, base[1]), u, S, U)[0] for u in range(U)] == [u % S for u in range(U)]
         else:
             assert prev is None
 
@@ -149,7 +149,7 @@ def test_the_step_bookkeeping_needs_whole_steps():
     because every segment is whole steps, which this shows is load-bearing."""
     S, U, gs = 4, 8, 2
     base = ring_step(gs, S)
-    assert ring_in_step(gs, base, 0, S, U) != ring_slot(gs, S)
+    assert ring_in_step(base, 0, S, U) != ring_slot(gs, S)
 
 
 def test_the_model_catches_a_wrong_producer_parity():
