@@ -48,6 +48,7 @@ __all__ = [
     "from_blocked",
     "blocked_size",
     "reference_gemm_w4a4",
+    "apply_terms",
     "reference_from_torch",
     "random_problem",
     "term_sensitivity",
@@ -358,8 +359,13 @@ def reference_gemm_w4a4(
     g = k // BLOCK
     a = dequantize_nvfp4(act, _logical_scales(ascales, m, g, "ascales"))
     w = dequantize_nvfp4(wgt, _logical_scales(wscales, n, g, "wscales"))
-    y = np.matmul(a, w.T)
+    return apply_terms(np.matmul(a, w.T), wcscale=wcscale, bias=bias, lora_act_in=lora_act_in, lora_up=lora_up)
 
+
+def apply_terms(y, *, wcscale=None, bias=None, lora_act_in=None, lora_up=None) -> np.ndarray:
+    """The operator's terms after the main product ``y`` [M, N] (float64): ``y · wcscale + bias + la·luᵀ``
+    (LoRA outside wcscale; None = term absent), with their shapes checked."""
+    m, n = y.shape
     if wcscale is not None:
         wc = np.asarray(wcscale, dtype=np.float64)
         if wc.shape != (n,):
