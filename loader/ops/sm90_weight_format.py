@@ -130,6 +130,49 @@ def convert(n: int, k: int, wgt, wscales, lora_up, wcscale):
     return w, sc, lora_up
 
 
+def nibble_blocks(wgt, rows: int, kk: int):
+    """Logical ``wgt [N, K/2]`` uint8 -> int64 ``[N/rows, K/kk, rows·kk]``: each rows x kk block's nibble values,
+    row-major (shared with the FP8 format, `sm90_fp8_weight_format`)."""
+    torch = torch_module()
+    n, kh = wgt.shape
+    k = 2 * kh
+    w = wgt.to(torch.int64)
+    nib = torch.stack((w & 15, w >> 4), dim=-1).reshape(n, k)
+    return nib.view(n // rows, rows, k // kk, kk).permute(0, 2, 1, 3).reshape(n // rows, k // kk, rows * kk)
+
+
+def logical_of_blocks(blocks, rows: int, kk: int):
+    """Inverse of `nibble_blocks`: int64 ``[nb, kb, rows·kk]`` -> ``wgt [nb·rows, kb·kk/2]`` uint8."""
+    torch = torch_module()
+    nb, kb = blocks.shape[:2]
+    nib = blocks.view(nb, kb, rows, kk).permute(0, 2, 1, 3).reshape(nb * rows, kb * kk)
+    return (nib[:, 0::2] | (nib[:, 1::2] << 4)).to(torch.uint8).contiguous()
+
+
+def fragment_bytes(wgt, rows: int, kk: int, order, pack):
+    """Logical ``wgt`` -> uint8 ``[N/rows, K/kk, 128, 4W]``: the nibbles of each rows x kk block taken in `order`
+    (flat block indices, 128 threads x W words x 8 nibbles), each thread's words packed by `pack`
+    (``[..., W, 8]`` nibble values -> ``[..., W]`` words)."""
+    n, kh = wgt.shape
+    nb, kb = n // rows, 2 * kh // kk
+    vals = nibble_blocks(wgt, rows, kk)[:, :, order.to(wgt.device)].view(nb, kb, 128, -1, 8)
+    return words_to_bytes(pack(vals)).contiguous()
+
+
+def words_to_bytes(words):
+    """int64 ``[..., W]`` 32-bit words -> uint8 ``[..., 4W]``, little-endian."""
+    torch = torch_module()
+    b = torch.stack([(words >> (8 * i)) & 0xFF for i in range(4)], dim=-1)
+    return b.to(torch.uint8).reshape(*words.shape[:-1], 4 * words.shape[-1])
+
+
+def bytes_to_words(b):
+    """uint8 ``[..., 4W]`` -> int64 ``[..., W]`` 32-bit words, little-endian."""
+    torch = torch_module()
+    b = b.to(torch.int64).view(*b.shape[:-1], b.shape[-1] // 4, 4)
+    return b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16) | (b[..., 3] << 24)
+
+
 def to_frag(wgt, wscales):
     """Logical ``wgt [N, K/2]`` uint8 and ``wscales [N, K/16]`` e4m3 -> ``(wgt_frag, wsc_frag)``."""
     torch = torch_module()
@@ -137,14 +180,7 @@ def to_frag(wgt, wscales):
     k = 2 * kh
     _check_dims(n, k)
     nb, kb = n // FRAG_ROWS, k // FRAG_K
-    w = wgt.to(torch.int64)
-    nib = torch.stack((w & 15, w >> 4), dim=-1).reshape(n, k)               # [N, K] nibble values
-    blocks = nib.view(nb, FRAG_ROWS, kb, FRAG_K).permute(0, 2, 1, 3).reshape(nb, kb, FRAG_ROWS * FRAG_K)
-    order = _nibble_order().to(wgt.device)
-    fields = blocks[:, :, order].view(nb, kb, 128, 4, 8)
-    words = _pack_fields(fields)                                            # [nb, kb, 128, 4]
-    wb = torch.stack([(words >> (8 * i)) & 0xFF for i in range(4)], dim=-1)  # little-endian bytes
-    wgt_frag = wb.to(torch.uint8).reshape(nb, kb, 128, 16).contiguous()
+    wgt_frag = fragment_bytes(wgt, FRAG_ROWS, FRAG_K, _nibble_order(), _pack_fields)     # [nb, kb, 128, 16]
 
     s = wscales.view(torch.uint8).view(nb, FRAG_ROWS, kb, 4)                # [nb, row, kb, j]
     s = s.permute(0, 2, 1, 3).reshape(nb, kb, 4, 2, 8, 4)                   # row = 16·warp + 8·h + g
@@ -158,14 +194,11 @@ def to_logical(wgt_frag, wsc_frag):
     """Inverse of `to_frag`: ``(wgt [N, K/2] uint8, wscales [N, K/16] e4m3)``."""
     torch = torch_module()
     nb, kb = wgt_frag.shape[:2]
-    b = wgt_frag.to(torch.int64).view(nb, kb, 128, 4, 4)
-    words = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16) | (b[..., 3] << 24)
-    fields = _unpack_fields(words).reshape(nb, kb, FRAG_ROWS * FRAG_K)
+    fields = _unpack_fields(bytes_to_words(wgt_frag)).reshape(nb, kb, FRAG_ROWS * FRAG_K)
     order = _nibble_order().to(wgt_frag.device)
     blocks = torch.empty_like(fields)
     blocks[:, :, order] = fields
-    nib = blocks.view(nb, kb, FRAG_ROWS, FRAG_K).permute(0, 2, 1, 3).reshape(nb * FRAG_ROWS, kb * FRAG_K)
-    wgt = (nib[:, 0::2] | (nib[:, 1::2] << 4)).to(torch.uint8).contiguous()
+    wgt = logical_of_blocks(blocks, FRAG_ROWS, FRAG_K)
     s = wsc_frag.view(torch.uint8).view(nb, kb, 4, 8, 4, 2)                 # [nb, kb, warp, g, j, h]
     s = s.permute(0, 2, 5, 3, 1, 4).reshape(nb * FRAG_ROWS, kb * 4)
     return wgt, s.contiguous().view(torch.float8_e4m3fn)
