@@ -422,6 +422,9 @@ def package(artifacts: Path, out: Path, name: str | None, version: str, as_json:
 @main.command(epilog=_EXIT_HELP)
 @click.argument("directory", type=click.Path(path_type=Path))
 @click.option("--op", required=True, help="operator: gemm_w4a4 or quantize_act")
+@click.option("--compute", type=click.Choice(["exact", "fp8"]), default="exact", show_default=True,
+              help="gemm_w4a4's compute mode: fp8 explains the FP8-compute operator (gemm_w4a4_fp8, sm_90a), "
+                   "which a call gets only with a weight prepared for it")
 @click.option("--m", "m", type=int, required=True, help="rows (tokens)")
 @click.option("--n", "n", type=int, default=None, help="output columns (gemm_w4a4)")
 @click.option("--k", "k", type=int, required=True, help="reduction size")
@@ -435,8 +438,8 @@ def package(artifacts: Path, out: Path, name: str | None, version: str, as_json:
               help="SM count the grid-fill ranking assumes (default 132: H100 / H200 SXM)")
 @click.option("--no-tuning", is_flag=True, help="ignore the tuning table: the rules alone")
 @click.option("--json", "as_json", is_flag=True, help="print the explanation as JSON")
-def select(directory: Path, op: str, m: int, n, k: int, rank: int, dtype: str, wcscale: bool, bias: bool,
-           arch, gpu, sms, no_tuning: bool, as_json: bool) -> None:
+def select(directory: Path, op: str, compute: str, m: int, n, k: int, rank: int, dtype: str, wcscale: bool,
+           bias: bool, arch, gpu, sms, no_tuning: bool, as_json: bool) -> None:
     """Which variant the loader picks for a problem, why, and why every other candidate is out (no GPU).
 
     With a tuning table in DIR, the choice on the table's GPU model comes from it (and says so);
@@ -444,6 +447,10 @@ def select(directory: Path, op: str, m: int, n, k: int, rank: int, dtype: str, w
     import svdq_loader
     from svdq_loader.errors import UnsupportedProblem
     from svdq_loader.ops import op_spec
+    if compute == "fp8":
+        if op not in ("gemm_w4a4", "gemm_w4a4_fp8"):
+            raise _fail(ValueError(f"--compute fp8 is a mode of gemm_w4a4, not of {op}"))
+        op, wcscale = "gemm_w4a4_fp8", True     # the mode's weight always carries wcscale / rw
     try:
         lib = svdq_loader.load(directory, tuning=not no_tuning)
         spec = op_spec(op)

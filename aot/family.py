@@ -106,6 +106,22 @@ def table_reason(family_name: str, archs: tuple, arch: str, knobs: dict, *tables
     return knob_problems(family_name, knobs, *tables)
 
 
+def knobless_functions(op: str, family_name: str, archs: tuple, feature_values: dict):
+    """``(config_axes, resolve, invalid_reason)`` of a family without tuning knobs (one variant per arch, e.g. the
+    sm_90a pre-passes decode_act and act_fp8): its config section must be ``{}``, and its validity predicate is
+    the arch and the feature values."""
+    def config_axes(arch: str, section: dict) -> tuple[list[dict], list[str]]:
+        problems = [f"{key}: unknown key ({op} has no knobs; write {op}: {{}})" for key in sorted(section)]
+        return [{}], problems
+
+    def resolve(arch: str, knobs: dict) -> dict:
+        return dict(knobs)
+
+    def invalid_reason(arch: str, knobs: dict) -> str | None:
+        return table_reason(family_name, archs, arch, knobs, feature_values, {})
+    return config_axes, resolve, invalid_reason
+
+
 class FamilyContractError(TypeError):
     """A kernel family does not meet the contract; the message says what is wrong."""
 

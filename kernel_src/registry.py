@@ -23,6 +23,8 @@ FAMILIES: dict[tuple[str, str], str] = {
     ("quantize_act", "sm_120a"): "svdq_kernels.quantize_act",
     ("quantize_act", "sm_121a"): "svdq_kernels.quantize_act",
     ("decode_act", "sm_90a"): "svdq_kernels.sm90_decode_act",
+    ("gemm_w4a4_fp8", "sm_90a"): "svdq_kernels.sm90_wgmma_w4a4_fp8",
+    ("act_fp8", "sm_90a"): "svdq_kernels.sm90_act_fp8",
 }
 
 

@@ -20,14 +20,13 @@ calls on the nvfp4 forms).
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import cuda.bindings.driver as cuda
 
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Uint8
 
+from svdq_aot.family import knobless_functions
 from svdq_loader.ops.decode_act import IMAGE_ROW_BLOCK, image_rows_by
 
 from .compiled_output import compile_kernel, cubin_resource_usage, refuse_invalid
@@ -108,22 +107,8 @@ def smem_bytes_for(knobs: dict) -> int:
     return 0
 
 
-def config_axes(arch: str, section: dict) -> tuple[list[dict], list[str]]:
-    """``variants.sm_90a.decode_act``: must be ``{}`` (no knobs; one variant)."""
-    problems = [f"{key}: unknown key (decode_act has no knobs; write decode_act: {{}})" for key in sorted(section)]
-    return [{}], problems
-
-
-def resolve(arch: str, knobs: dict) -> dict:
-    return dict(knobs)
-
-
-def invalid_reason(arch: str, knobs: dict) -> Optional[str]:
-    """The one validity predicate: the arch, and the feature values (no tuning knobs)."""
-    if arch not in ARCHS:
-        return f"arch {arch} is not built by {NAME} (builds {', '.join(ARCHS)})"
-    from svdq_aot.family import knob_problems
-    return knob_problems(NAME, knobs, FEATURE_VALUES, TUNING)
+#: the family contract's config section, resolution and validity predicate: no knobs (aot/family.py)
+config_axes, resolve, invalid_reason = knobless_functions(OP, NAME, ARCHS, FEATURE_VALUES)
 
 
 def requirements(arch: str, knobs: dict) -> dict:
@@ -141,8 +126,14 @@ def compile(arch: str, knobs: dict, name: str, dump_dir: str, *, keep_ptx: bool 
 
 
 def recipe_hints(host_args) -> tuple:
-    """The grid's image_rows(M) / 64 as a launch-recipe expression over `host_args` (the op's (name, kind) list);
-    the fitter would not find it."""
+    """The grid's image_rows(M) / 64 as a launch-recipe expression over `host_args` (the fitter would not find
+    it)."""
+    return image_rows_grid_hint(host_args, ROWS_PER_CTA)
+
+
+def image_rows_grid_hint(host_args, rows_per_cta: int) -> tuple:
+    """image_rows(M) / `rows_per_cta` as a launch-recipe expression over `host_args` (the op's (name, kind) list):
+    the grid of a pre-pass whose CTAs own that many image rows (decode_act, act_fp8)."""
     m = ["arg", [name for name, _ in host_args].index("m")]
     rows = image_rows_by(m, lambda x, t: ["mul", ["ceildiv", x, t], t], lambda a, b: ["max", a, b])
-    return (["floordiv", rows, ROWS_PER_CTA],)
+    return (["floordiv", rows, rows_per_cta],)

@@ -51,13 +51,29 @@ class _Cfg(GemmFeatures):
     schedule: str = "coop"
     wsets: int = 2
     act_source: str = "nvfp4"
+    compute: str = "exact"       # "fp8": the FP8-compute mode (op gemm_w4a4_fp8; family sm90_wgmma_w4a4_fp8)
 
 
-def _cfg_of(knobs: dict) -> _Cfg:
+def _cfg_of(knobs: dict, compute: str = "exact") -> _Cfg:
     return _Cfg(*gemm_feature_values(knobs),
                 int(knobs["tile_m"]), int(knobs["tile_n"]), int(knobs["stages"]), int(knobs["prefetch"]),
                 bool(knobs["skip_pad"]), str(knobs["act_decode"]), str(knobs.get("schedule", "coop")),
-                int(knobs.get("wsets", 2)), str(knobs.get("act_source", "nvfp4")))
+                int(knobs.get("wsets", 2)), str(knobs.get("act_source", "nvfp4")), compute)
+
+
+#: k per k-tile of the FP8-compute mode: one 128-byte stage row of E4M3, four 32-k FP8 wgmma steps (the exact mode's
+#: k-tile, TILE_K, is one 128-byte row of fp16: four 16-k steps)
+FP8_TILE_K = 128
+
+
+def k_tile(cfg: _Cfg) -> int:
+    """k per pipeline step (stage) of the form: TILE_K, or FP8_TILE_K in the FP8-compute mode."""
+    return FP8_TILE_K if cfg.compute == "fp8" else TILE_K
+
+
+#: The FP8-compute mode's forms: the warp-specialised images schedule (its activations arrive as E4M3 stage images,
+#: so the producer only copies) with two MMA warpgroups.  Split K, stream-K and the 192-row tile are not built for it.
+FP8_SCHEDULES = ("ws",)
 
 
 def k_unroll(cfg: _Cfg) -> int:
@@ -206,9 +222,21 @@ def _gemv_problem(cfg: _Cfg) -> Optional[str]:
     return None
 
 
+def _fp8_problem(cfg: _Cfg) -> Optional[str]:
+    if cfg.schedule not in FP8_SCHEDULES or cfg.act_source != "images" or cfg.tile_n != 128:
+        return (f"the FP8-compute mode with schedule {cfg.schedule}, act_source {cfg.act_source} and tile_n "
+                f"{cfg.tile_n}: its forms are schedule {' or '.join(FP8_SCHEDULES)}, act_source images (the E4M3 "
+                f"stage images of act_fp8), tile_n 128")
+    return None
+
+
 def _problem(cfg: _Cfg) -> Optional[str]:
     if is_gemv(cfg):
         return _gemv_problem(cfg)
+    if cfg.compute == "fp8":
+        reason = _fp8_problem(cfg)
+        if reason:
+            return reason
     if cfg.tile_n == WIDE_TILE_N:
         if cfg.schedule not in ("ws", "ws_streamk") or cfg.act_source != "images":
             return (f"tile_n {cfg.tile_n} with schedule {cfg.schedule} and act_source {cfg.act_source}: three MMA "

@@ -97,7 +97,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import BFloat16, Float16, Float32, Int32, Int64, Uint16
+from cutlass import BFloat16, Float16, Float32, Float8E4M3FN, Int32, Int64, Uint16
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 
 try:
@@ -109,7 +109,8 @@ from .sm90_decode_act import image_rows_dsl
 from .sm90_decode_ptx import (_adecode, _adecode_prmt, _bcast, _bulk_g2s, _byte_form, _ld_cluster_v4f, _scales_x128,
                               _ld_relaxed_v4f, _st_v4f, _sts_v4f, _wdecode, weight_scales_x128)
 from .sm90_epilogue_ptx import pair_blocks, store_yt_pairs
-from .sm90_plan import (TILE_K, THREADS, _Cfg, _lora_chunk, _problem, mma_warpgroups, ws_regs,
+from .sm90_fp8_ptx import block_mults, e2m1_e4m3_reg, f16x2_of, round_scaled
+from .sm90_plan import (TILE_K, THREADS, _Cfg, _lora_chunk, _problem, k_tile, mma_warpgroups, ws_regs,
                         _smem_plan, is_streamk, is_ws, k_unroll, ksplit_of, ring_aligned, ring_in_step,
                         ring_prev_stage, ring_slot, ring_step, split_k_share, threads_of)
 from .quantize_ptx import _arrive, _fence_gpu, _lds_u32, _st_u64, _sts_u32, _wait_arrivals
@@ -172,7 +173,7 @@ class _Sm90Wgmma:
         fill = ["min", tiles, at["sm_count"]]
         if not self.sk:
             return (fill,)
-        return (["min", ["mul", fill, ["floordiv", at["k"], TILE_K * self.unroll]], at["sm_count"]],)
+        return (["min", ["mul", fill, ["floordiv", at["k"], self.ktile * self.unroll]], at["sm_count"]],)
 
     def resource_problem(self, usage: dict):
         """None: the plan's budgets (sm90_plan) already hold every register limit of these schedules."""
@@ -213,6 +214,13 @@ class _Sm90Wgmma:
         self.owner_meets = self.sk and STREAMK_MEET == "owner" and not (self.tm * self.atoms > 128 and self.wsets > 2)
         self.lora_prefetch = (self.early and self.ws and self.ks == 1 and not self.sk and cfg.rank > 0
                               and cfg.rank == self.rc)
+        # the FP8-compute mode (sm90_fp8_weight_format; docs/design.md section 2): E4M3 operands, 128-k k-tiles of
+        # four 32-k FP8 wgmmas, eight weight words and four scale words per thread, atom and k-tile
+        self.fp8 = cfg.compute == "fp8"
+        self.ktile = k_tile(cfg)
+        self.ab = Float8E4M3FN if self.fp8 else Float16
+        self.kstep = 32 if self.fp8 else 16           # k per wgmma
+        self.wwords, self.swords = (8, 4) if self.fp8 else (4, 2)
 
     @cute.jit
     def __call__(self, act: cute.Pointer, ascales: cute.Pointer, wgt: cute.Pointer, wscales: cute.Pointer,
@@ -230,7 +238,7 @@ class _Sm90Wgmma:
             if cutlass.const_expr(self.sk):
                 # stream-K: one CTA per SM over equal ranges of the (tile, k-tile group) units (gemm_streamk.grid)
                 # (as min(min(tiles, SMs) x units per tile, SMs): the same value, with no 32-bit overflow)
-                grid = cutlass.min(grid * (k // (TILE_K * self.unroll)), sm_count)
+                grid = cutlass.min(grid * (k // (self.ktile * self.unroll)), sm_count)
             # min_blocks_per_mp=1 caps the registers at entry (65536 / 384), which setmaxnreg needs
             self.kernel_ws(act, ascales, wgt, wscales, lora_act_in, lora_up, wcscale, bias, out, m, n, k).launch(
                 grid=[grid, 1, 1], block=[self.threads, 1, 1], smem=self.smem_bytes, stream=stream,
@@ -243,33 +251,38 @@ class _Sm90Wgmma:
     def _gmem_views(self, p_act, p_asc, p_wgt, p_wsc, m, n, k):
         """num_kt, kw and the global tensors: activation words and scale pairs, weight fragments and scales (the
         output is written through its pointer, ``_store_out``)."""
-        num_kt = cute.assume(k // TILE_K, divby=2)
+        num_kt = cute.assume(k // self.ktile, divby=2)
         kw = cute.assume(k // 8, divby=16)          # 32-bit words of packed nibbles per activation row
         kq = cute.assume(k // 32, divby=4)          # 16-bit scale pairs per activation row
         mActW = cute.make_tensor(cute.recast_ptr(p_act, dtype=Int32), cute.make_layout((m, kw), stride=(kw, 1)))
         mAscH = cute.make_tensor(cute.recast_ptr(p_asc, dtype=Uint16), cute.make_layout((m, kq), stride=(kq, 1)))
-        nwords = (n // 64) * num_kt * 512
+        nwords = (n // 64) * num_kt * 128 * self.wwords
         mWq = cute.make_tensor(cute.recast_ptr(p_wgt, dtype=Int32), cute.make_layout(nwords))
-        mWs = cute.make_tensor(cute.recast_ptr(p_wsc, dtype=Int32), cute.make_layout(nwords // 8))
+        # FP8-compute mode: the fragment scales follow rw (float32 [N]) in `wscales`
+        p_s = p_wsc + 4 * cute.assume(n, divby=64) if self.fp8 else p_wsc
+        mWs = cute.make_tensor(cute.recast_ptr(p_s, dtype=Int32), cute.make_layout(nwords // 8))
         return num_kt, kw, mActW, mAscH, mWq, mWs
 
     def _stages(self, base):
-        """The activation stages: `stages` 128-byte-swizzled K-major fp16 tiles of tile_m x 64 at `base`."""
-        lay_a = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (self.tn, self.tm, TILE_K), Float16, self.stages)
-        assert cute.cosize(lay_a) * 2 <= self.plan["main_bytes"]
-        return cute.make_tensor(cute.recast_ptr(base, lay_a.inner, dtype=Float16), lay_a.outer)
+        """The activation stages: `stages` 128-byte-swizzled K-major tiles of tile_m rows of 128 bytes at `base`
+        (fp16: 64 k; E4M3 in the FP8-compute mode: 128 k)."""
+        lay_a = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (self.tn, self.tm, self.ktile), self.ab,
+                                              self.stages)
+        assert cute.cosize(lay_a) * self.ab.width // 8 <= self.plan["main_bytes"]
+        return cute.make_tensor(cute.recast_ptr(base, lay_a.inner, dtype=self.ab), lay_a.outer)
 
     def _mma_parts(self, sA, tid):
         """For MMA thread `tid` (0..255): the register-A tiled wgmma, its B view of the stages, the two weight
         fragment buffers (as wgmma A operands and as Int32 words) and the accumulators (layout: ``_store_out``)."""
         tm, tn = self.tm, self.tn
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
-            Float16, Float16, OperandMajorMode.K, OperandMajorMode.K, Float32, (self.mwg, 1, 1), (64, tm),
+            self.ab, self.ab, OperandMajorMode.K, OperandMajorMode.K, Float32, (self.mwg, 1, 1), (64, tm),
             sm90_utils.OperandSource.RMEM)
         tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
         thr_mma = tiled_mma.get_slice(tid)
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sA))
-        frag_shape = ((2, 2, 2), self.atoms, TILE_K // 16)
+        # a thread's A values per atom and wgmma: eight fp16 (four registers), or sixteen E4M3 (four registers)
+        frag_shape = ((4 if self.fp8 else 2, 2, 2), self.atoms, self.ktile // self.kstep)
         fragA = (tiled_mma.make_fragment_A(frag_shape), tiled_mma.make_fragment_A(frag_shape))
         fragW = tuple(cute.make_tensor(cute.recast_ptr(f.iterator, dtype=Int32),
                                        cute.make_layout(16 * self.atoms)) for f in fragA)
@@ -296,10 +309,12 @@ class _Sm90Wgmma:
         lane_t = tidx % 128
         for a in range(self.atoms):
             blk = wblk[a] * num_kt + kt
-            cute.autovec_copy(cute.local_tile(mWq, (4,), (blk * 128 + lane_t,)), wraw[a])
-            cute.autovec_copy(cute.local_tile(mWs, (2,), (blk * 32 + lane_t // 4,)), wsc[a])
+            cute.autovec_copy(cute.local_tile(mWq, (self.wwords,), (blk * 128 + lane_t,)), wraw[a])
+            cute.autovec_copy(cute.local_tile(mWs, (self.swords,), (blk * 32 + lane_t // 4,)), wsc[a])
 
     def _store_act(self, sA, stage, rows, kcs, valid, raw, rsc, deq, only=None):
+        if self.fp8:
+            return      # traced in the decoding producer's branch, which an images form never runs
         for i in (range(self.chunks_a) if only is None else (only,)):
             sc = Int32(rsc[i][0])
             if valid is not None:
@@ -319,13 +334,50 @@ class _Sm90Wgmma:
             dst = cute.local_tile(sA[None, None, stage], (1, 32), (rows[i], kcs[i]))
             cute.autovec_copy(cute.recast_tensor(deq[i], Float16), dst)
 
-    def _decode_w(self, fragw, wraw, wsc):
+    def _decode_w(self, fragw, wraw, wsc, r2=None):
+        if self.fp8:
+            return self._decode_w_fp8(fragw, wraw, wsc, r2)
         for a in range(self.atoms):
             for j in range(4):
                 s2 = weight_scales_x128(wsc[a][j // 2], j % 2)
                 sb = (_bcast(s2, 0), _bcast(s2, 1))
                 for p in range(4):
                     fragw[p + 4 * a + 4 * self.atoms * j] = _wdecode(wraw[a][j], sb[p % 2], p)
+
+    def _decode_w_fp8(self, fragw, wraw, wsc, r2):
+        """FP8-compute mode: k-block kb's words 2kb + h (group h) -> registers 2h (row r0) and 2h + 1 (row r0 + 8)
+        of the atom's fragment, each value e4m3(e2m1 · scale · rw) (`sm90_fp8_weight_format`).  r2[a]: the atom's
+        fp16x2 {rw[r0], rw[r0 + 8]}."""
+        for a in range(self.atoms):
+            for kb in range(self.ktile // self.kstep):
+                for h in range(2):
+                    mult = block_mults(wsc[a][kb], h, r2[a])
+                    word = wraw[a][2 * kb + h]
+                    for i in range(2):
+                        fragw[2 * h + i + 4 * a + 4 * self.atoms * kb] = round_scaled(e2m1_e4m3_reg(word, i),
+                                                                                      _bcast(mult, i))
+
+    def _fp8_rw_pairs(self, p_wsc, n, n0, tidx, wg):
+        """FP8-compute mode: per atom, fp16x2 {rw[r0], rw[r0 + 8]} of the thread's weight rows (rw: float32 [N]
+        at the start of `wscales`)."""
+        rows = self._rows_out(n0, tidx, wg)
+        mRw = cute.make_tensor(cute.recast_ptr(p_wsc, dtype=Float32), cute.make_layout((n,)))
+        return [f16x2_of(mRw[rows[2 * a]], mRw[rows[2 * a + 1]]) for a in range(self.atoms)]
+
+    def _fp8_col_scale(self, p_act, m0, tidx, acc):
+        """FP8-compute mode: acc[n, m] *= 1 / ra[m] (float32 [image_rows(M)] at the start of the call's workspace,
+        before the E4M3 image: its address is the kernel parameter itself, so nothing derived from it lives
+        through the main loop)."""
+        p_ira = cute.recast_ptr(p_act, dtype=Float32)
+        per_atom = cute.size(acc) // self.atoms
+        q = tidx % 4
+        for j in range(per_atom // 4):
+            two = cute.make_tensor(p_ira + (m0 + 8 * j + 2 * q), cute.make_layout((2,)))
+            for a in range(self.atoms):
+                for hh in range(2):
+                    for e in range(2):
+                        i = a * per_atom + 4 * j + 2 * hh + e
+                        acc[i] = acc[i] * two[e]
 
     # -- device kernel ----------------------------------------------------------
     @cute.kernel
@@ -486,6 +538,8 @@ class _Sm90Wgmma:
             if tidx == 0:
                 sbase = base.toint()
                 gbase = p_act.toint()
+                if cutlass.const_expr(self.fp8):
+                    gbase = gbase + Int64(image_rows_dsl(m)) * 4      # past 1 / ra (float32 per image row)
                 mp = Int64(image_rows_dsl(m))
                 for tile in cutlass.range(t0, tend, tstep, unroll=1):
                     m0 = (tile // tiles_n) * tm
@@ -558,8 +612,8 @@ class _Sm90Wgmma:
             tiled_mma, tCrB, fragA, fragW, acc = self._mma_parts(sA, ctid)
             # W raw weight sets: k-tile j's bytes are loaded W k-tiles before they are decoded (set j mod W)
             W, U = self.wsets, self.unroll
-            wraw = [[cute.make_rmem_tensor((4,), Int32) for _ in range(self.atoms)] for _ in range(W)]
-            wsc = [[cute.make_rmem_tensor((2,), Int32) for _ in range(self.atoms)] for _ in range(W)]
+            wraw = [[cute.make_rmem_tensor((self.wwords,), Int32) for _ in range(self.atoms)] for _ in range(W)]
+            wsc = [[cute.make_rmem_tensor((self.swords,), Int32) for _ in range(self.atoms)] for _ in range(W)]
             for tile in cutlass.range(t0, tend, tstep, unroll=1):
                 tm_i = tile // tiles_n
                 tn_i = tile - tm_i * tiles_n
@@ -568,9 +622,10 @@ class _Sm90Wgmma:
                 wblk = [n0 // 64 + a * self.mwg + cwg for a in range(self.atoms)]
                 kabs_t, nk_t, g0 = self._segment(tile, t0, tstep, kabs, nk, sk)
                 acc.fill(0.0)
+                r2 = self._fp8_rw_pairs(p_wsc, n, n0, ctid, cwg) if self.fp8 else None
                 for j in cutlass.range_constexpr(W):
                     self._load_w(mWq, mWs, wblk, num_kt, ctid, _k(kabs_t, j), wraw[j], wsc[j])
-                self._decode_w(fragW[0], wraw[0], wsc[0])
+                self._decode_w(fragW[0], wraw[0], wsc[0], r2)
                 self._load_w(mWq, mWs, wblk, num_kt, ctid, _k(kabs_t, cutlass.min(W, nk_t - 1)), wraw[0], wsc[0])
                 if cutlass.const_expr(self.lora_prefetch):
                     # the LoRA rides in during the main loop (its SMEM is idle until the epilogue)
@@ -590,7 +645,7 @@ class _Sm90Wgmma:
                             stage, par = ring_slot(g, S)
                         cute.arch.mbarrier_wait(bars + stage, par)
                         warpgroup.fence()
-                        for kb in cutlass.range_constexpr(TILE_K // 16):
+                        for kb in cutlass.range_constexpr(self.ktile // self.kstep):
                             cute.gemm(tiled_mma, acc, fragA[half][None, None, kb], tCrB[None, None, kb, stage], acc)
                         warpgroup.commit_group()
                         warpgroup.wait_group(1)     # k-tile kt-1 is done: its stage goes back to the producer
@@ -603,7 +658,7 @@ class _Sm90Wgmma:
                                     self._hand_back(bars, g, ring0 if step else None, u)
                         # k-tile kt+1 (raw set (u+1) mod W) -> fragments 1-half; then k-tile kt+1+W into that set
                         ws_ = (u + 1) % W
-                        self._decode_w(fragW[1 - half], wraw[ws_], wsc[ws_])
+                        self._decode_w(fragW[1 - half], wraw[ws_], wsc[ws_], r2)
                         nxt = cutlass.min(kt + 1 + W, nk_t - 1)
                         self._load_w(mWq, mWs, wblk, num_kt, ctid, _k(kabs_t, nxt), wraw[ws_], wsc[ws_])
                 if cutlass.const_expr(KS == 1 and self.early and not self.sk):
@@ -650,6 +705,8 @@ class _Sm90Wgmma:
                 else:
                     if cutlass.const_expr(not self.early):
                         affine = self._load_affine(p_wc, p_bias, n, n0, ctid, cwg, with_bias=False)
+                    if cutlass.const_expr(self.fp8):
+                        self._fp8_col_scale(p_act, m0, ctid, acc)
                     self._epilogue(p_la, p_lu, p_bias, base, m, n, m0, n0, ctid, cwg, affine, acc,
                                    lora_ready=self.lora_prefetch)
                     self._store_out(p_out, m, n, m0, n0, ctid, cwg, acc)
@@ -768,15 +825,18 @@ class _Sm90Wgmma:
     def _load_affine(self, p_wc, p_bias, n, n0, tidx, wg, with_bias=True):
         """(2^14·wcscale, bias or None) of the thread's output rows, in registers: the early epilogue calls it before
         the main loop's last wgmma wait, so the global round trip overlaps it, the late one when its epilogue
-        starts.  Without ``with_bias`` the epilogue loads the bias after the LoRA (fewer live registers there)."""
+        starts.  Without ``with_bias`` the epilogue loads the bias after the LoRA (fewer live registers there).
+        In the FP8-compute mode the `wcscale` input already holds wcscale / rw (`prepare_weight`), and is the
+        coefficient."""
         rows_out = self._rows_out(n0, tidx, wg)
         coef = cute.make_rmem_tensor((2 * self.atoms,), Float32)
         for i in range(2 * self.atoms):
+            unscale = Float32(1.0 if self.fp8 else _ACC_UNSCALE)
             if self.cfg.wcscale:
                 mWc = cute.make_tensor(p_wc, cute.make_layout((n,), stride=(1,)))
-                coef[i] = mWc[rows_out[i]] * Float32(_ACC_UNSCALE)
+                coef[i] = mWc[rows_out[i]] * unscale
             else:
-                coef[i] = Float32(_ACC_UNSCALE)
+                coef[i] = unscale
         bv = self._load_bias(p_bias, n, rows_out) if self.cfg.bias and with_bias else None
         return coef, bv
 

@@ -255,12 +255,14 @@ def _form_axes(section: dict, where: str) -> tuple[list[dict], list[str]]:
             for src in lists["act_source"]], problems
 
 
-def resolve(arch: str, knobs: dict) -> dict:
+def resolve(arch: str, knobs: dict, valid=None) -> dict:
+    """``stages: auto`` -> the deepest of AUTO_STAGES that `valid` (default: this family's `invalid_reason`; the
+    FP8 family passes its own) accepts."""
     if knobs.get("stages") != "auto":
         return dict(knobs)
     for st in sorted(AUTO_STAGES, reverse=True):
         cand = dict(knobs, stages=st)
-        if invalid_reason(arch, cand) is None:
+        if (valid or invalid_reason)(arch, cand) is None:
             return cand
     return dict(knobs, stages=max(AUTO_STAGES))
 
@@ -291,16 +293,21 @@ def compile(arch: str, knobs: dict, name: str, dump_dir: str, *, keep_ptx: bool 
         from .sm90_gemv_kernel import _Sm90Gemv as cls
     else:
         cls = _Sm90Wgmma
-    gemm = cls(cfg)
     from svdq_loader.ops import GEMM_W4A4
-    ck = compile_kernel(cls, gemm, GEMM_W4A4, dict(act=Uint8, ascales=Uint8, wgt=Uint8, wscales=Uint8,
-                                                          wcscale=Float32, bias=Float32),
-                        _OUT_DTYPES[cfg.out_dtype], name, arch, dump_dir, gemm.smem_bytes, keep_ptx=True)
-    # the kernel class's part of the build: the MMA its PTX must contain, a check of its registers against the
-    # CTAs per SM it was planned for, and expressions for the launch-recipe fitter
-    ck.recipe_hints = gemm.recipe_hints(GEMM_W4A4.host_args)
-    problem = (static_problem(_read_ptx(dump_dir, ck.entry, arch, keep_ptx), ck.resource_usage, cls.MMA_PTX,
-                              gemm.paired_store)
+    return compile_gemm(cls, cls(cfg), GEMM_W4A4, cfg.out_dtype, arch, name, dump_dir, keep_ptx,
+                        lambda ptx, usage, gemm: static_problem(ptx, usage, cls.MMA_PTX, gemm.paired_store))
+
+
+def compile_gemm(cls, gemm, spec, out_dtype: str, arch: str, name: str, dump_dir: str, keep_ptx: bool, check):
+    """Trace and cross-compile one sm_90a GEMM kernel instance for op `spec`, then the kernel class's part of the
+    build: `check(ptx, resource usage, gemm)` (the MMA its PTX must contain, no stack frame), a check of its
+    registers against the CTAs per SM it was planned for, and expressions for the launch-recipe fitter.  The exact
+    family and the FP8 one (sm90_wgmma_w4a4_fp8) build through it."""
+    ck = compile_kernel(cls, gemm, spec, dict(act=Uint8, ascales=Uint8, wgt=Uint8, wscales=Uint8, wcscale=Float32,
+                                              bias=Float32),
+                        _OUT_DTYPES[out_dtype], name, arch, dump_dir, gemm.smem_bytes, keep_ptx=True)
+    ck.recipe_hints = gemm.recipe_hints(spec.host_args)
+    problem = (check(_read_ptx(dump_dir, ck.entry, arch, keep_ptx), ck.resource_usage, gemm)
                or gemm.resource_problem(ck.resource_usage))
     if problem:
         raise RuntimeError(f"{name}: {problem}")

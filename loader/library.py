@@ -191,7 +191,8 @@ class Library:
                     f"{e.arch}; rebuild with `{pre}: {{}}` under variants.{e.arch} of the config")
             ln = decode_op.ImagesLauncher(self._kernel_launcher(mine[0], ordinal, capturing),
                                           self._kernel_launcher(name, ordinal, capturing), OPS[e.op].arg_names,
-                                          OPS[e.op].prepass_extra_bytes(e.knobs))
+                                          OPS[e.op].prepass_extra_bytes(e.knobs),
+                                          decode_op.WORKSPACE_BYTES_BY_PREPASS[pre])
         with self._lock:
             return self._launchers.setdefault((name, ordinal), ln)
 
@@ -251,11 +252,13 @@ class Library:
         return ln
 
     # -- operators ---------------------------------------------------------
-    def prepare_weight(self, wgt, wscales, *, lora_up=None, wcscale=None, bias=None):
+    def prepare_weight(self, wgt, wscales, *, lora_up=None, wcscale=None, bias=None, compute="exact"):
         """Check and convert the weight side of `gemm_w4a4` once, into the format the GEMM of the
-        weight's device reads (see `ops.gemm_w4a4.PreparedWeight`, `ops.layouts.WEIGHT_FORMAT_BY_ARCH`)."""
+        weight's device reads (see `ops.gemm_w4a4.PreparedWeight`, `ops.layouts.WEIGHT_FORMAT_BY_ARCH`).
+        ``compute="fp8"``: for the FP8-compute mode (sm_90a; not bit-equivalent: docs/design.md section 2);
+        every call with this weight then runs ``gemm_w4a4_fp8``."""
         return gemm_op.prepare_weight(wgt, wscales, lora_up=lora_up, wcscale=wcscale, bias=bias,
-                                      arch=self._weight_arch(wgt))
+                                      arch=self._weight_arch(wgt), compute=compute)
 
     def _weight_arch(self, wgt):
         """The arch of `wgt`'s CUDA device; None for a non-CUDA tensor (prepare_weight then refuses it)."""
@@ -263,12 +266,18 @@ class Library:
         return self._device_arch(dev) if isinstance(dev, int) and dev >= 0 else None
 
     def gemm_w4a4(self, act, wgt, ascales, wscales=None, *, lora_act_in=None, lora_up=None, wcscale=None,
-                  bias=None, out=None, out_dtype=None):
-        """y = (A·Wᵀ)·wcscale + bias + lora_act_in·lora_upᵀ. Returns `out` (allocated if not given)."""
+                  bias=None, out=None, out_dtype=None, compute=None):
+        """y = (A·Wᵀ)·wcscale + bias + lora_act_in·lora_upᵀ. Returns `out` (allocated if not given).
+
+        The compute mode is the prepared weight's (`prepare_weight`); with raw weight tensors, ``compute``
+        ("exact", the default, or "fp8") chooses it, and with a prepared weight it may only repeat its mode."""
         plain = wscales is None and lora_up is None and wcscale is None and bias is None
         prepared = wgt.__class__ is gemm_op.PreparedWeight
         if plain != prepared:
             _weight_form_error(wgt, wscales, lora_up, wcscale, bias)
+        if compute is not None and prepared and compute != wgt.compute:
+            gemm_op.fail(f"compute={compute!r} but the weight was prepared for compute={wgt.compute!r}; prepare it "
+                         f"again with compute={compute!r}")
         ordinal = act.get_device() if act.__class__ is _Tensor else -1
         if ordinal < 0:
             ordinal = _tensor_ordinal(act)
@@ -276,24 +285,27 @@ class Library:
         fast = gemm_op.fast_args(arch, act, wgt, ascales, lora_act_in, out, out_dtype) if plain else None
         if fast is None:
             fast = self._gemm_checked(arch, act, wgt, ascales, wscales, lora_act_in, lora_up, wcscale, bias,
-                                      out, out_dtype)
+                                      out, out_dtype, compute or "exact")
         feats, dims, out, args, _weight = fast   # _weight: held until the kernels are queued
-        ln = self._choice.get(("gemm_w4a4", ordinal, feats, dims))
+        op = _weight.op
+        ln = self._choice.get((op, ordinal, feats, dims))
         if ln is None:
-            ln = self._resolve("gemm_w4a4", ordinal, feats, dims, _capturing())
+            ln = self._resolve(op, ordinal, feats, dims, _capturing())
         args[_GEMM_SMS] = self._sms[ordinal]
         args[_GEMM_STREAM] = _current_stream(ordinal)
         _launch_in_primary(ln, args)
         return out
 
-    def _gemm_checked(self, arch, act, wgt, ascales, wscales, lora_act_in, lora_up, wcscale, bias, out, out_dtype):
+    def _gemm_checked(self, arch, act, wgt, ascales, wscales, lora_act_in, lora_up, wcscale, bias, out, out_dtype,
+                      compute="exact"):
         """The detailed path: every rule checked with its own message (raises InvalidArgument).  Returns the
         weight prepared here last: the caller must hold it until the launch is queued (its memory would
         otherwise go back to torch's allocator first, and a workspace allocated by the launch could reuse it
         while the GEMM still has to read it)."""
         _weight_form_error(wgt, wscales, lora_up, wcscale, bias)
         weight = wgt if isinstance(wgt, gemm_op.PreparedWeight) else \
-            gemm_op.prepare_weight(wgt, wscales, lora_up=lora_up, wcscale=wcscale, bias=bias, arch=arch)
+            gemm_op.prepare_weight(wgt, wscales, lora_up=lora_up, wcscale=wcscale, bias=bias, arch=arch,
+                                   compute=compute)
         call = gemm_op.plan_call(arch, act, weight, ascales, lora_act_in=lora_act_in, out=out, out_dtype=out_dtype)
         values = dict(call.pointers, m=call.m, n=call.n, k=call.k, sm_count=0, stream=0)
         return (call.features, (("m", call.m), ("n", call.n), ("k", call.k)), call.out,

@@ -188,6 +188,8 @@ def explain(variants: Sequence, rules: Mapping[tuple[str, str, str], Rule], p: P
         ex.why.append("chosen knobs: " + ", ".join(t for x in b.prefer if (t := x.chosen_text(best.knobs, dims, sms))))
     if sm_count is None and any(isinstance(x, Fill) for x in b.prefer):
         ex.why.append(f"the grid fill assumes {sms} SMs (no device given)")
+    if p.op in COMPUTE_MODE_OF:
+        ex.why.append(COMPUTE_MODE_OF[p.op])
     pre = op_spec(p.op).prepass(best.knobs)
     if pre:
         ex.why.append(f"each call runs {pre} first, into a workspace it allocates on the call's stream")
@@ -245,6 +247,15 @@ def _tuned(ex: Explanation, keyed: list, hit, n_op: int) -> bool:
             ex.rejected.append((v.name, f"{r - 1:.1%} slower in the tuning table ({e.times_text(v.name)}) than "
                                         f"{best.name}"))
     return True
+
+
+#: What `explain` says of the compute mode of a GEMM call (docs/design.md section 2): the mode is the operator, which
+#: the call's prepared weight decides (`prepare_weight(compute=...)`), never the selection.
+COMPUTE_MODE_OF = {
+    "gemm_w4a4": "compute mode exact: the W4A4 operator as stated (the default)",
+    "gemm_w4a4_fp8": ("compute mode fp8: each NVFP4 operand rounded once to E4M3 on FP8 tensor cores, not "
+                      "bit-equivalent to the exact operator (the call's weight was prepared with compute='fp8')"),
+}
 
 
 def choose(variants: Sequence, p: Problem, rules: Mapping[tuple[str, str, str], Rule] | None = None, hit=None,

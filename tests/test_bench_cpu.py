@@ -194,7 +194,7 @@ def test_help_lists_every_option(capsys):
     assert e.value.code == 0
     out = capsys.readouterr().out
     for opt in ("--artifacts", "--config", "--op", "--m", "--quant-m", "--rank", "--dtype", "--json", "--table",
-                "--plot", "--quick", "--baselines"):
+                "--plot", "--quick", "--baselines", "--compute"):
         assert opt in out
     for name in bench.BASELINES:
         assert name in out
@@ -211,7 +211,10 @@ def test_argument_parsing():
     assert a.m == [16, 4608] and a.dtype == ["bf16", "fp16"] and a.baselines == ["fp8", "compile"] and a.quick
     assert bench.build_parser().parse_args(["--baselines", "none"]).baselines == []
     assert bench.build_parser().parse_args(["--op", "linear"]).op == "linear"
-    for bad in (["--dtype", "fp32"], ["--m", "16,x"], ["--m", "0"], ["--baselines", "cudnn"], ["--op", "conv"]):
+    assert bench.build_parser().parse_args([]).compute == ["exact"]
+    assert bench.build_parser().parse_args(["--compute", "exact,fp8"]).compute == ["exact", "fp8"]
+    for bad in (["--dtype", "fp32"], ["--m", "16,x"], ["--m", "0"], ["--baselines", "cudnn"], ["--op", "conv"],
+                ["--compute", "int8"]):
         with pytest.raises(SystemExit) as e:
             bench.build_parser().parse_args(bad)
         assert e.value.code == 2

@@ -184,3 +184,31 @@ def test_distance_tool_measures_the_three_distances(tmp_path):
     rows = json.loads(out.read_text())
     assert [(r["shape"], r["k"], r["n"]) for r in rows] == [("square", 256, 256), ("wide", 128, 512)]
     assert rows[0]["linear"]["fp8_vs_exact"] > 0
+
+
+def test_act_fp8_workspace_reference_matches_the_documented_offsets():
+    """The pre-pass's reference workspace: every element where `act_fp8.image_offset` puts it (checked element by
+    element with Python ints), 1 / ra as float32 first, the pad rows zero with 1 / ra = 1."""
+    from svdq_loader.ops import act_fp8
+    from svdq_loader.ops.decode_act import image_rows
+    rng = np.random.default_rng(9)
+    m, k = 70, 512
+    act = rng.integers(0, 256, (m, k // 2), dtype=np.uint8)
+    asc = rng.integers(0, 0x7F, (m, k // 16), dtype=np.uint8)
+    asc[3] = 0                                          # a row of zero scales: ra = 1
+    ws = f8.reference_act_fp8_workspace(act, asc)
+    mp = image_rows(m)
+    assert ws.size == act_fp8.workspace_bytes(m, k) == 4 * mp + k * mp
+    a8, ra = f8.fp8_operand(act, asc)
+    ira = ws[: 4 * mp].view(np.float32)
+    np.testing.assert_array_equal(ira[:m], (1.0 / ra).astype(np.float32))
+    assert (ira[m:] == 1.0).all() and ira[3] == 1.0
+    for r in (0, 5, 69):
+        for kk in (0, 17, 130, 511):
+            t, rem = divmod(kk, 128)
+            c, e = divmod(rem, 16)
+            off = 4 * mp + ((t * mp + r) * 8 + (c ^ (r % 8))) * 16 + e
+            assert off == act_fp8.image_offset(m, r, kk)
+            assert ws[off] == a8[r, kk]
+    pad = [act_fp8.image_offset(m, r, kk) for r in range(m, mp) for kk in range(0, k, 37)]
+    assert (ws[pad] == 0).all()

@@ -5,12 +5,14 @@ lazily, so the builder can read the specs without torch installed.
 """
 from __future__ import annotations
 
+from .act_fp8 import SPEC as ACT_FP8
 from .decode_act import SPEC as DECODE_ACT
 from .gemm_w4a4 import SPEC as GEMM_W4A4
+from .gemm_w4a4_fp8 import SPEC as GEMM_W4A4_FP8
 from .quantize_act import SPEC as QUANTIZE_ACT
 from .spec import PTR_ALIGN, Feature, OpSpec, variant_name
 
-OPS: dict[str, OpSpec] = {s.name: s for s in (GEMM_W4A4, QUANTIZE_ACT, DECODE_ACT)}
+OPS: dict[str, OpSpec] = {s.name: s for s in (GEMM_W4A4, GEMM_W4A4_FP8, QUANTIZE_ACT, DECODE_ACT, ACT_FP8)}
 
 
 def op_spec(name: str) -> OpSpec:
@@ -20,4 +22,5 @@ def op_spec(name: str) -> OpSpec:
         raise KeyError(f"unknown operator {name!r}; known: {', '.join(OPS)}") from None
 
 
-__all__ = ["OPS", "op_spec", "OpSpec", "Feature", "PTR_ALIGN", "variant_name", "GEMM_W4A4", "QUANTIZE_ACT", "DECODE_ACT"]
+__all__ = ["OPS", "op_spec", "OpSpec", "Feature", "PTR_ALIGN", "variant_name", "GEMM_W4A4", "QUANTIZE_ACT", "DECODE_ACT",
+           "ACT_FP8", "GEMM_W4A4_FP8"]

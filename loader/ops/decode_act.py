@@ -78,12 +78,17 @@ def image_bytes(m: int, k: int) -> int:
 
 def image_size_problem(m: int, k: int) -> str | None:
     """Why an images GEMM cannot serve an M x K call (its image would not fit 32-bit offsets), or None."""
-    nbytes = image_bytes(m, k)
+    return workspace_size_problem("act_source images: the decode_act image", "decode_act", m, k, image_bytes(m, k),
+                                  "the forms that decode in their producer (act_source nvfp4) serve this call")
+
+
+def workspace_size_problem(what: str, op: str, m: int, k: int, nbytes: int, remedy: str) -> str | None:
+    """None if a pre-pass output of `nbytes` fits the 32-bit offsets pre-pass `op` indexes it with, else why (and
+    `remedy`)."""
     if nbytes < IMAGE_BYTES_LIMIT:
         return None
-    return (f"act_source images: the decode_act image of M={m}, K={k} takes {nbytes} bytes, not below 2^31 "
-            f"(decode_act indexes it with 32-bit offsets); the forms that decode in their producer "
-            f"(act_source nvfp4) serve this call")
+    return (f"{what} of M={m}, K={k} takes {nbytes} bytes, not below 2^31 ({op} indexes it with 32-bit offsets); "
+            f"{remedy}")
 
 
 def image_offset(m: int, row: int, k: int) -> int:
@@ -93,18 +98,24 @@ def image_offset(m: int, row: int, k: int) -> int:
     return ((t * image_rows(m) + row) * 8 + (c ^ (row % 8))) * 16 + 2 * e
 
 
-SPEC = OpSpec(
-    name="decode_act",
-    summary="NVFP4 activations -> exact fp16 stage images (the pre-pass of the sm_90a images GEMM)",
-    host_args=(("act", "ptr"), ("ascales", "ptr"), ("images", "ptr"), ("m", "i32"), ("k", "i32"),
-               ("stream", "stream")),
-    features=(Feature("scale_layout", "arch", by_arch={a: v for a, v in SCALE_LAYOUT_BY_ARCH.items()
-                                                       if a == "sm_90a"}),),
-    dims=("m", "k"),
-    shape_rule=m_k_shape_rule,
-    requirement_keys=("k_multiple",),
-    coverage_problems=distinct_k_coverage,
-)
+def prepass_spec(name: str, summary: str) -> OpSpec:
+    """The spec of an sm_90a activation pre-pass (decode_act, act_fp8): NVFP4 act / ascales in, a workspace out;
+    M >= 1, K a multiple of the variant's k_multiple, one variant per distinct K of a config."""
+    return OpSpec(
+        name=name, summary=summary,
+        host_args=(("act", "ptr"), ("ascales", "ptr"), ("images", "ptr"), ("m", "i32"), ("k", "i32"),
+                   ("stream", "stream")),
+        features=(Feature("scale_layout", "arch", by_arch={a: v for a, v in SCALE_LAYOUT_BY_ARCH.items()
+                                                           if a == "sm_90a"}),),
+        dims=("m", "k"),
+        shape_rule=m_k_shape_rule,
+        requirement_keys=("k_multiple",),
+        coverage_problems=distinct_k_coverage,
+    )
+
+
+SPEC = prepass_spec("decode_act", "NVFP4 activations -> exact fp16 stage images (the pre-pass of the sm_90a images "
+                                  "GEMM)")
 
 _ORDER = ("act", "ascales", "images", "m", "k", "stream")
 if SPEC.arg_names != _ORDER:  # pragma: no cover - a spec edit must update ImagesLauncher too
@@ -117,10 +128,13 @@ class ImagesLauncher(PerCallWorkspace):
     decode pass into it, then the GEMM with ``act`` = the workspace.  Same interface as `Launcher`.
 
     The workspace is released when `launch` returns (`workspace`).  `extra`: None, or (m, n, k, sm_count) -> bytes
-    the GEMM uses after the images in the same workspace (the op spec's ``prepass_extra_bytes``)."""
+    the GEMM uses after the images in the same workspace (the op spec's ``prepass_extra_bytes``).  `nbytes`:
+    (m, k) -> the pre-pass's bytes (`WORKSPACE_BYTES_BY_PREPASS`: decode_act's images, or act_fp8's 1 / ra and
+    E4M3 images)."""
 
-    def __init__(self, decode, gemm, gemm_arg_names: tuple[str, ...], extra=None):
+    def __init__(self, decode, gemm, gemm_arg_names: tuple[str, ...], extra=None, nbytes=None):
         self.decode, self.gemm = decode, gemm
+        self._nbytes = nbytes or image_bytes
         self.name = gemm.name
         self.device = gemm.device
         self._m, self._k = gemm_arg_names.index("m"), gemm_arg_names.index("k")
@@ -132,7 +146,7 @@ class ImagesLauncher(PerCallWorkspace):
 
     def launch(self, args) -> None:
         m, k = args[self._m], args[self._k]
-        nbytes = image_bytes(m, k)
+        nbytes = self._nbytes(m, k)
         if self._extra is not None:
             nbytes += self._extra(m, args[self._n], k, args[self._sms])
         ws = self._alloc(nbytes)
@@ -144,6 +158,14 @@ class ImagesLauncher(PerCallWorkspace):
         del ws
 
 
-__all__ = ["SPEC", "IMAGE_BYTES_LIMIT", "IMAGE_COVER_ROWS", "IMAGE_ROW_BLOCK", "IMAGE_TILE_ROWS", "IMAGE_K", "IMAGE_SCALE_LOG2", "image_rows", "image_rows_by",
+def _act_fp8_bytes(m: int, k: int) -> int:
+    from .act_fp8 import workspace_bytes
+    return workspace_bytes(m, k)
+
+
+#: The workspace bytes of each pre-pass op (the first part of an images GEMM call's workspace).
+WORKSPACE_BYTES_BY_PREPASS = {"decode_act": image_bytes, "act_fp8": _act_fp8_bytes}
+
+__all__ = ["SPEC", "WORKSPACE_BYTES_BY_PREPASS", "IMAGE_BYTES_LIMIT", "IMAGE_COVER_ROWS", "IMAGE_ROW_BLOCK", "IMAGE_TILE_ROWS", "IMAGE_K", "IMAGE_SCALE_LOG2", "image_rows", "image_rows_by",
            "image_bytes",
            "image_size_problem", "image_offset", "ImagesLauncher"]

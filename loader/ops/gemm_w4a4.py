@@ -81,6 +81,7 @@ SPEC = OpSpec(
 
 from .checks import check_devices, check_i32_sizes, check_tensor, check_vector, fail, half_dtypes, torch_module  # noqa: E402
 from .layouts import BLOCK_K, WEIGHT_FORMAT_MODULES, scale_shape  # noqa: E402
+from .layouts import FP8_WEIGHT_FORMAT_BY_ARCH as _FP8_FORMATS  # noqa: E402
 
 
 def _as_f32(t):
@@ -122,6 +123,7 @@ class PreparedWeight:
     k: int
     rank: int
     weight_format: str = "logical"   # "logical", or the arch's format (layouts.WEIGHT_FORMAT_BY_ARCH)
+    compute: str = "exact"           # "fp8": the FP8-compute mode (op gemm_w4a4_fp8); wcscale then holds wcscale / rw
 
     def __post_init__(self):
         # what every call reuses: the weight-side pointers in host-argument order, the device.  An absent
@@ -140,11 +142,36 @@ class PreparedWeight:
     def device(self):
         return self.wgt.device
 
+    @property
+    def op(self) -> str:
+        """The operator a call with this weight runs: ``gemm_w4a4``, or ``gemm_w4a4_fp8`` (compute="fp8")."""
+        return "gemm_w4a4_fp8" if self.compute == "fp8" else "gemm_w4a4"
 
-def prepare_weight(wgt, wscales, *, lora_up=None, wcscale=None, bias=None, arch=None) -> PreparedWeight:
+
+#: The compute modes of the GEMM (docs/design.md section 2): "exact", the operator as stated; "fp8", each NVFP4
+#: operand rounded once to E4M3 and multiplied on FP8 tensor cores (sm_90a only; op gemm_w4a4_fp8)
+COMPUTE_MODES = ("exact", "fp8")
+
+
+def weight_format_for(arch, compute: str = "exact") -> str:
+    """The weight format the GEMM of `arch` reads in `compute` mode (fails for a mode the arch lacks)."""
+    if compute == "exact":
+        return WEIGHT_FORMAT_BY_ARCH.get(arch, "logical")
+    if compute not in COMPUTE_MODES:
+        fail(f"compute must be one of {', '.join(map(repr, COMPUTE_MODES))}, got {compute!r}")
+    if arch not in _FP8_FORMATS:
+        fail(f"compute='fp8' (the FP8-compute mode) runs on {', '.join(_FP8_FORMATS)} only; this weight's device "
+             f"is {arch or 'not a CUDA device'}")
+    return _FP8_FORMATS[arch]
+
+
+def prepare_weight(wgt, wscales, *, lora_up=None, wcscale=None, bias=None, arch=None,
+                   compute: str = "exact") -> PreparedWeight:
     """Check the weight side once; for an `arch` listed in ``layouts.WEIGHT_FORMAT_BY_ARCH`` also convert it
-    to the format that arch's GEMM reads."""
+    to the format that arch's GEMM reads.  ``compute="fp8"`` prepares it for the FP8-compute mode (sm_90a): the
+    ``sm90_fp8_frag`` format and a wcscale of wcscale / rw (`sm90_fp8_weight_format`)."""
     torch = torch_module()
+    fmt = weight_format_for(arch, compute)
     check_tensor("wgt", wgt, dtype=torch.uint8, ndim=2)
     n, kh = wgt.shape
     k = 2 * kh
@@ -168,12 +195,15 @@ def prepare_weight(wgt, wscales, *, lora_up=None, wcscale=None, bias=None, arch=
         wcscale = _as_f32(wcscale)
     if bias is not None:
         bias = _as_f32(bias)
-    fmt = WEIGHT_FORMAT_BY_ARCH.get(arch, "logical")
     if fmt != "logical":
         import importlib
-        wgt, wscales, lora_up = importlib.import_module(f"{__package__}.{WEIGHT_FORMAT_MODULES[fmt]}").convert(
-            n, k, wgt, wscales, lora_up, wcscale)
-    return PreparedWeight(wgt, wscales, lora_up, wcscale, bias, n, k, rank, fmt)
+        module = importlib.import_module(f"{__package__}.{WEIGHT_FORMAT_MODULES[fmt]}")
+        if compute == "fp8":
+            module.check_dims(n, k)
+            rw = module.column_pow2(wscales)
+            wcscale = (wcscale if wcscale is not None else torch.ones_like(rw)) / rw    # exact: rw is a power of two
+        wgt, wscales, lora_up = module.convert(n, k, wgt, wscales, lora_up, wcscale)
+    return PreparedWeight(wgt, wscales, lora_up, wcscale, bias, n, k, rank, fmt, compute)
 
 
 @dataclass(frozen=True)
@@ -229,7 +259,7 @@ def plan_call(arch: str, act, weight: PreparedWeight, ascales, *, lora_act_in=No
         check_tensor("lora_act_in", lora_act_in, dtype=want, ndim=2, shape=(m, weight.rank))
     if want is None:
         want = torch.bfloat16
-    want_fmt = WEIGHT_FORMAT_BY_ARCH.get(arch, "logical")
+    want_fmt = weight_format_for(arch, weight.compute)
     if weight.weight_format != want_fmt:
         fail(f"the weight is in the {weight.weight_format!r} format but the {arch} GEMM reads {want_fmt!r}; "
              f"prepare it for this device (lib.prepare_weight on the device the call runs on)")
@@ -288,7 +318,8 @@ def fast_args(arch: str, act, weight, ascales, lora_act_in, out, out_dtype):
     k, n = weight.k, weight.n
     if m < 1 or 2 * kh != k or m * n >= _I32 or m * kh >= _I32 or SCALE_LAYOUT_BY_ARCH.get(arch) != "logical":
         return None
-    if weight.weight_format != WEIGHT_FORMAT_BY_ARCH.get(arch, "logical"):
+    if weight.weight_format != (_FP8_FORMATS.get(arch) if weight.compute == "fp8"
+                                else WEIGHT_FORMAT_BY_ARCH.get(arch, "logical")):
         return None
     if ascales.shape != (m, k // BLOCK_K) or not act.is_contiguous() or not ascales.is_contiguous():
         return None

@@ -33,8 +33,12 @@ WEIGHT_FORMAT_BY_ARCH = {
     "sm_120a": "sm120_weight",         # sm120_weight: blocked wscales, the rest as given
     "sm_121a": "sm120_weight",
 }
+#: The weight format of the FP8-compute mode's GEMM per arch (prepare_weight with compute="fp8"; ops.gemm_w4a4_fp8).
+FP8_WEIGHT_FORMAT_BY_ARCH = {"sm_90a": "sm90_fp8_frag"}
 WEIGHT_FORMAT_MODULES = {"sm90_frag": "sm90_weight_format", "blackwell_weight": "blackwell_weight",
-                         "sm120_weight": "sm120_weight"}
+                         "sm120_weight": "sm120_weight",
+                         # the FP8-compute mode's (prepare_weight with compute="fp8"; ops.gemm_w4a4_fp8)
+                         "sm90_fp8_frag": "sm90_fp8_weight_format"}
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -18,14 +18,15 @@ A k-tile is 128 k (one 128-byte row of an E4M3 stage), four such blocks:
     conversions to fp16x2, one ``mul.f16x2`` by the block's ``scale · rw`` (exact in fp16: at most 4 significant bits,
     between 2⁻¹² and 74.7) and two rounding conversions back (``cvt.rn.satfinite.e4m3x2.f16x2``) give
     ``e4m3(W · rw)``, the mode's operand, bit for bit (the products are exact in fp16, so this is one rounding).
-``wscales``   uint8 ``[N·K/16 + 8·N]``: first ``[N/64, K/128, 32, 16]``, for quad ``q = 8·warp + lane // 4`` (rows
-    r0, r0 + 8) the bytes ``[s(r0, 0), s(r1, 0), s(r0, 1), s(r1, 1), ..., s(r1, 7)]`` of the k-tile's eight 16-k
-    groups, so 32-bit word ``kb`` of the quad's 16-byte load holds block kb's scales and one ``cvt.f16x2.e4m3x2``
-    of its half ``h`` gives group h's scales of both rows; then ``rw`` as float32 ``[N]`` and ``1 / rw`` as float32
-    ``[N]`` (the epilogue divides by rw).
+``wscales``   uint8 ``[4·N + N·K/16]``: first ``rw`` as float32 ``[N]`` (the MMA warps read the pair of their two
+    rows once per tile, through the kernel's ``wscales`` parameter itself), then ``[N/64, K/128, 32, 16]``: for quad
+    ``q = 8·warp + lane // 4`` (rows r0, r0 + 8) the bytes ``[s(r0, 0), s(r1, 0), s(r0, 1), s(r1, 1), ...,
+    s(r1, 7)]`` of the k-tile's eight 16-k groups, so 32-bit word ``kb`` of the quad's 16-byte load holds block kb's
+    scales and one ``cvt.f16x2.e4m3x2`` of its half ``h`` gives group h's scales of both rows.
 
-Both hold the logical tensors' bytes (plus the 8·N of rw); conversion runs once, in ``prepare_weight``;
-`to_logical` inverts it (the tests prove the permutation a bijection).
+The epilogue divides by rw through the ``wcscale`` input, which ``prepare_weight`` sets to wcscale / rw in this
+mode.  Both tensors hold the logical tensors' bytes (plus the 4·N of rw); conversion runs once, in
+``prepare_weight``; `to_logical` inverts it (the tests prove the permutation a bijection).
 """
 from __future__ import annotations
 
@@ -115,13 +116,14 @@ def column_pow2(wscales):
 
 
 def convert(n: int, k: int, wgt, wscales, lora_up, wcscale):
-    """`prepare_weight`'s hook for sm_90a in the FP8-compute mode: (wgt, wscales + rw) in fragment order."""
+    """`prepare_weight`'s hook for sm_90a in the FP8-compute mode: (wgt, rw + wscales) in fragment order (the caller
+    divides wcscale by rw: `column_pow2`)."""
     w, sc = to_frag(wgt.contiguous(), wscales.contiguous())
     return w, sc, lora_up
 
 
 def to_frag(wgt, wscales):
-    """Logical ``wgt [N, K/2]`` uint8 and ``wscales [N, K/16]`` e4m3 -> ``(wgt_frag, wscales_frag_and_rw)``."""
+    """Logical ``wgt [N, K/2]`` uint8 and ``wscales [N, K/16]`` e4m3 -> ``(wgt_frag, rw_and_wscales_frag)``."""
     torch = torch_module()
     n, kh = wgt.shape
     k = 2 * kh
@@ -132,8 +134,7 @@ def to_frag(wgt, wscales):
     s = wscales.view(torch.uint8).view(nb, 4, 2, 8, kb, 8)                 # [nb, warp, h (r0/r1), g, kt, group]
     s = s.permute(0, 4, 1, 3, 5, 2).reshape(nb, kb, 32, 16)                # [nb, kt, quad, (group, h)]
     rw = column_pow2(wscales)
-    tail = torch.cat((rw, 1.0 / rw)).view(torch.uint8)
-    return wgt_frag, torch.cat((s.reshape(-1), tail)).contiguous()
+    return wgt_frag, torch.cat((rw.view(torch.uint8), s.reshape(-1))).contiguous()
 
 
 def to_logical(wgt_frag, wsc):
@@ -144,13 +145,12 @@ def to_logical(wgt_frag, wsc):
     blocks = torch.empty_like(vals)
     blocks[:, :, _nibble_order().to(wgt_frag.device)] = vals
     wgt = logical_of_blocks(blocks, FRAG_ROWS, FRAG_K)
-    s = wsc[: nb * kb * 512].view(nb, kb, 4, 8, 8, 2)                      # [nb, kt, warp, g, group, h]
+    s = wsc[4 * nb * FRAG_ROWS:].view(nb, kb, 4, 8, 8, 2)                      # [nb, kt, warp, g, group, h]
     s = s.permute(0, 2, 5, 3, 1, 4).reshape(nb * FRAG_ROWS, kb * 8)
     return wgt, s.contiguous().view(torch.float8_e4m3fn)
 
 
 def rw_of(wsc, n: int):
-    """(rw, 1 / rw) float32 [N] from the tail of a converted ``wscales``."""
+    """rw float32 [N] from the head of a converted ``wscales``."""
     torch = torch_module()
-    tail = wsc[wsc.numel() - 8 * n:].view(torch.float32)
-    return tail[:n], tail[n:]
+    return wsc[: 4 * n].view(torch.float32)

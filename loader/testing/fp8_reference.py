@@ -34,7 +34,7 @@ from .reference import (BLOCK, E2M1_MAX, E4M3_MAX, _logical_scales, apply_terms,
                         encode_e4m3)
 
 __all__ = ["pow2_floor", "row_pow2", "scale_pow2", "fp8_operand", "fp8_operands", "reference_gemm_w4a4_fp8",
-           "fp8_distance"]
+           "fp8_distance", "reference_act_fp8_workspace"]
 
 
 def pow2_floor(x) -> np.ndarray:
@@ -113,3 +113,26 @@ def fp8_distance(act, wgt, ascales, wscales) -> float:
     if den == 0:
         raise ValueError("fp8_distance: the exact product is all zeros")
     return float(np.linalg.norm(fp8 - exact)) / den
+
+
+def reference_act_fp8_workspace(act, ascales) -> np.ndarray:
+    """uint8 bytes of the ``act_fp8`` pre-pass's workspace for logical NVFP4 activations (``act`` uint8 [M, K/2],
+    ``ascales`` E4M3 bytes [M, K/16]): 1 / ra as float32 per image row (1 past row M), then the swizzled E4M3 image
+    (+0 past row M), laid out by `svdq_loader.ops.act_fp8.image_offset`."""
+    from svdq_loader.ops import act_fp8
+    from svdq_loader.ops.decode_act import image_rows
+    act, ascales = np.asarray(act), np.asarray(ascales)
+    m, kh = act.shape
+    k = 2 * kh
+    a8, ra = fp8_operand(act, ascales)
+    mp = image_rows(m)
+    out = np.zeros(act_fp8.workspace_bytes(m, k), dtype=np.uint8)
+    ira = np.ones(mp, dtype=np.float32)
+    ira[:m] = (1.0 / ra).astype(np.float32)
+    out[: act_fp8.ira_bytes(m)] = ira.view(np.uint8)
+    rows = np.arange(m)[:, None]
+    ks = np.arange(k)[None, :]
+    t, kk = ks // act_fp8.IMAGE_K, ks % act_fp8.IMAGE_K
+    off = act_fp8.ira_bytes(m) + ((t * mp + rows) * 8 + ((kk // 16) ^ (rows % 8))) * 16 + kk % 16
+    out[off] = a8
+    return out

@@ -10,6 +10,9 @@
   (codes and scales), ``lora_act_in`` within the output rounding; caller-provided outputs poisoned
   (0xFF / NaN) inside larger buffers whose tails must stay untouched.
 * `decode_case`: a ``decode_act`` variant bit for bit against ``reference.reference_images``.
+* ``gemm_case(..., compute="fp8")``: the FP8-compute mode (op ``gemm_w4a4_fp8``) against its own float64
+  reference (``fp8_reference.reference_gemm_w4a4_fp8``, numpy on the CPU), at the exact mode's tolerance;
+  `act_fp8_case`: its pre-pass bit for bit against ``fp8_reference.reference_act_fp8_workspace``.
 
 Each returns a `CaseResult` (never raises on a wrong result; the caller asserts or tabulates).
 Needs torch and a CUDA GPU.
@@ -70,12 +73,34 @@ def _gpu_seconds(fn, reps: int = 3) -> float:
     return start.elapsed_time(end) / 1e3 / reps
 
 
-def gemm_case(lib, m, n, k, r, dt, wc, b, seed, *, prepared=False, base_seed=0, time_it=False) -> CaseResult:
+def _fp8_expect(p):
+    """The FP8-compute mode's float64 reference of problem `p` (numpy, CPU) as a CUDA float64 tensor."""
+    from .fp8_reference import reference_gemm_w4a4_fp8
+    torch = _torch()
+
+    def host(t, raw=False):
+        if t is None:
+            return None
+        t = t.detach().cpu()
+        return t.view(torch.uint8).numpy() if raw else t.double().numpy()
+    y = reference_gemm_w4a4_fp8(host(p["act"], True), host(p["wgt"], True), host(p["ascales"], True),
+                                host(p["wscales"], True), lora_act_in=host(p.get("lora_act_in")),
+                                lora_up=host(p.get("lora_up")), wcscale=host(p.get("wcscale")),
+                                bias=host(p.get("bias")))
+    return torch.from_numpy(y).cuda()
+
+
+def gemm_case(lib, m, n, k, r, dt, wc, b, seed, *, prepared=False, base_seed=0, time_it=False,
+              compute="exact") -> CaseResult:
     torch = _torch()
     seed = (seed * 1000003 + base_seed) % (2**31)
-    what = f"gemm M={m} N={n} K={k} R={r} {dt} wcscale={wc} bias={b} prepared={prepared} seed={seed}"
+    what = f"gemm M={m} N={n} K={k} R={r} {dt} wcscale={wc} bias={b} prepared={prepared} compute={compute} seed={seed}"
     p = ref.random_problem(m, n, k, r, seed=seed, out_dtype=dt, wcscale=wc, bias=b, device="cuda")
-    expect = ref.reference_torch_f64(**p)            # float64, on the GPU, independent of the kernel
+    if compute == "fp8":
+        expect = _fp8_expect(p)                      # float64 on the CPU, independent of the kernel
+        prepared = True                              # the mode's weight comes from prepare_weight(compute="fp8")
+    else:
+        expect = ref.reference_torch_f64(**p)        # float64, on the GPU, independent of the kernel
     ascales = p["ascales"]
     if device_scale_layout() == "blocked":
         from svdq_loader.ops.blackwell_weight import to_blocked_scales
@@ -86,7 +111,7 @@ def gemm_case(lib, m, n, k, r, dt, wc, b, seed, *, prepared=False, base_seed=0, 
     kw = dict(lora_act_in=p.get("lora_act_in"), out=out)
     if prepared:
         w = lib.prepare_weight(p["wgt"], p["wscales"], lora_up=p.get("lora_up"), wcscale=p.get("wcscale"),
-                               bias=p.get("bias"))
+                               bias=p.get("bias"), compute=compute)
 
         def call():
             return lib.gemm_w4a4(p["act"], w, ascales, **kw)
@@ -201,8 +226,6 @@ def decode_case(lib, entry, m, k, seed, *, base_seed=0, time_it=False) -> CaseRe
     finite E4M3 range, both signs), bit for bit against ``reference.reference_images``; the image buffer is
     poisoned (0xFF) inside a larger one whose tail must stay untouched."""
     import numpy as np
-    torch = _torch()
-    from svdq_loader.ops.decode_act import image_bytes
     seed = (seed * 1000003 + base_seed) % (2**31)
     what = f"decode_act M={m} K={k} seed={seed}"
     rng = np.random.default_rng(seed)
@@ -210,9 +233,17 @@ def decode_case(lib, entry, m, k, seed, *, base_seed=0, time_it=False) -> CaseRe
     asc_h = (rng.integers(0, 0x7F, (m, k // 16), dtype=np.uint8) | (rng.integers(0, 2, (m, k // 16),
                                                                                 dtype=np.uint8) << 7))
     want = ref.reference_images(act_h, asc_h)
+    return _prepass_case(lib, entry, m, k, act_h, asc_h, want, what, "image", time_it)
+
+
+def _prepass_case(lib, entry, m, k, act_h, asc_h, want, what: str, noun: str, time_it: bool) -> CaseResult:
+    """Launch the pre-pass variant `entry` on (act_h, asc_h) into a buffer poisoned with 0xFF and longer than its
+    output, and compare the output with `want` byte for byte; the tail must stay untouched."""
+    import numpy as np
+    torch = _torch()
     act = torch.from_numpy(act_h).cuda()
     asc = torch.from_numpy(asc_h).cuda().view(torch.float8_e4m3fn)
-    nb = image_bytes(m, k)
+    nb = want.size
     buf = torch.full((nb + GUARD,), 0xFF, dtype=torch.uint8, device="cuda")
     ln = lib._launcher(entry.name, torch.cuda.current_device(), False)
 
@@ -225,8 +256,25 @@ def decode_case(lib, entry, m, k, seed, *, base_seed=0, time_it=False) -> CaseRe
     bad = int((got[:nb] != want).sum())
     if bad:
         first = int(np.flatnonzero(got[:nb] != want)[0])
-        problems.append(f"{bad} image bytes differ from the reference (first at byte {first})")
+        problems.append(f"{bad} {noun} bytes differ from the reference (first at byte {first})")
     if not (got[nb:] == 0xFF).all():
-        problems.append("image written past its end")
+        problems.append(f"{noun} written past its end")
     secs = _gpu_seconds(call) if time_it and not problems else float("nan")
     return CaseResult(not problems, what, float(bad), 0.0, secs, problems)
+
+
+def act_fp8_case(lib, entry, m, k, seed, *, base_seed=0, time_it=False) -> CaseResult:
+    """The ``act_fp8`` variant `entry` on a fresh random act / ascales (every code, scales over the whole finite
+    non-negative E4M3 range, one row of zero scales), bit for bit against
+    ``fp8_reference.reference_act_fp8_workspace``; the workspace is poisoned (0xFF) inside a larger buffer whose
+    tail must stay untouched."""
+    import numpy as np
+    from .fp8_reference import reference_act_fp8_workspace
+    seed = (seed * 1000003 + base_seed) % (2**31)
+    what = f"act_fp8 M={m} K={k} seed={seed}"
+    rng = np.random.default_rng(seed)
+    act_h = rng.integers(0, 256, (m, k // 2), dtype=np.uint8)
+    asc_h = rng.integers(0, 0x7F, (m, k // 16), dtype=np.uint8)
+    asc_h[m // 2] = 0
+    want = reference_act_fp8_workspace(act_h, asc_h)
+    return _prepass_case(lib, entry, m, k, act_h, asc_h, want, what, "workspace", time_it)

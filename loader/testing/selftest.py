@@ -23,19 +23,24 @@ class Case:
     kwargs: dict      # arguments of gpu_checks.gemm_case / quantize_case besides lib
 
 
-def gemm_cases(knobs: dict, req: dict) -> list[Case]:
+def gemm_cases(knobs: dict, req: dict, op: str = "gemm_w4a4") -> list[Case]:
     """M = 1, an M tail past one tile, and a multi-tile M; K = one k-block (K < 4R when R > 0) and more."""
     n = 2 * req["n_multiple"]
     kmin = req["k_multiple"]
     tm = knobs.get("tile_m", 128)
     shapes = [(1, n, kmin), (tm + 77, n, 4 * kmin), (3 * tm + 5, 2 * n, max(12 * kmin, 3072 // kmin * kmin))]
     feats = dict(r=knobs["rank"], dt=knobs["out_dtype"], wc=knobs["wcscale"], b=knobs["bias"])
-    cases = [Case("gemm_w4a4", dict(m=m, n=nn, k=k, seed=1 + i, **feats)) for i, (m, nn, k) in enumerate(shapes)]
+    cases = [Case(op, dict(m=m, n=nn, k=k, seed=1 + i, **feats)) for i, (m, nn, k) in enumerate(shapes)]
     if knobs["wcscale"] or knobs["bias"]:
         # a call without wcscale and bias runs this variant too, passing the identity vectors
         m, nn, k = shapes[1]
-        cases.append(Case("gemm_w4a4", dict(m=m, n=nn, k=k, seed=4, **dict(feats, wc=False, b=False))))
+        cases.append(Case(op, dict(m=m, n=nn, k=k, seed=4, **dict(feats, wc=False, b=False))))
     return cases
+
+
+def fp8_gemm_cases(knobs: dict, req: dict) -> list[Case]:
+    """The FP8-compute GEMM: the same shapes and calls as `gemm_cases`."""
+    return gemm_cases(knobs, req, "gemm_w4a4_fp8")
 
 
 def quantize_cases(knobs: dict, req: dict) -> list[Case]:
@@ -52,7 +57,14 @@ def decode_cases(knobs: dict, req: dict) -> list[Case]:
     return [Case("decode_act", dict(m=m, k=k, seed=21 + i)) for i, (m, k) in enumerate(shapes)]
 
 
-CASES_FOR = {"gemm_w4a4": gemm_cases, "quantize_act": quantize_cases, "decode_act": decode_cases}
+def act_fp8_cases(knobs: dict, req: dict) -> list[Case]:
+    """M = 1, a tail past one image block, K of one and of many k-tile pairs."""
+    return [Case("act_fp8", c.kwargs) for c in decode_cases(knobs, req)]
+
+
+CASES_FOR = {"gemm_w4a4": gemm_cases, "quantize_act": quantize_cases, "decode_act": decode_cases,
+             "gemm_w4a4_fp8": fp8_gemm_cases, "act_fp8": act_fp8_cases}
+_GEMM_OPS = ("gemm_w4a4", "gemm_w4a4_fp8")
 
 
 def _features(op: str, knobs: dict) -> tuple:
@@ -60,16 +72,17 @@ def _features(op: str, knobs: dict) -> tuple:
     return tuple(knobs[f] for f in op_spec(op).feature_names)
 
 
-def _call_features(variant_features: tuple, kw: dict) -> tuple:
+def _call_features(op: str, variant_features: tuple, kw: dict) -> tuple:
     from svdq_loader.ops import GEMM_W4A4
     names = GEMM_W4A4.feature_names
     out = list(variant_features)
-    out[names.index("wcscale")], out[names.index("bias")] = kw["wc"], kw["b"]
+    # an FP8-compute weight always has a wcscale (wcscale / rw: prepare_weight)
+    out[names.index("wcscale")], out[names.index("bias")] = kw["wc"] or op == "gemm_w4a4_fp8", kw["b"]
     return tuple(out)
 
 
 def _dims(op: str, kw: dict) -> tuple:
-    if op == "gemm_w4a4":
+    if op in _GEMM_OPS:
         return (("m", kw["m"]), ("n", kw["n"]), ("k", kw["k"]))
     return (("m", kw["m"]), ("k", kw["k"]))
 
@@ -77,19 +90,20 @@ def _dims(op: str, kw: dict) -> tuple:
 def run_case(lib, entry, case: Case, ordinal: int, base_seed: int):
     """One case with selection pinned to `entry` (the library's per-problem choice cache is seeded)."""
     from . import gpu_checks
-    if case.op == "decode_act":
+    if case.op in ("decode_act", "act_fp8"):
         kw = dict(case.kwargs)
-        return gpu_checks.decode_case(lib, entry, kw.pop("m"), kw.pop("k"), kw.pop("seed"), base_seed=base_seed,
-                                      time_it=True)
+        check = gpu_checks.decode_case if case.op == "decode_act" else gpu_checks.act_fp8_case
+        return check(lib, entry, kw.pop("m"), kw.pop("k"), kw.pop("seed"), base_seed=base_seed, time_it=True)
     ln = lib._launcher(entry.name, ordinal, False)
     feats = _features(case.op, entry.knobs)
-    if case.op == "gemm_w4a4":     # the call's own features (a call without wcscale / bias may run this variant)
-        feats = _call_features(feats, case.kwargs)
+    if case.op in _GEMM_OPS:      # the call's own features (a call without wcscale / bias may run this variant)
+        feats = _call_features(case.op, feats, case.kwargs)
     lib._choice[(case.op, ordinal, feats, _dims(case.op, case.kwargs))] = ln
     kw = dict(case.kwargs)
-    if case.op == "gemm_w4a4":
+    if case.op in _GEMM_OPS:
         return gpu_checks.gemm_case(lib, kw.pop("m"), kw.pop("n"), kw.pop("k"), kw.pop("r"), kw.pop("dt"),
-                                    kw.pop("wc"), kw.pop("b"), kw.pop("seed"), base_seed=base_seed, time_it=True)
+                                    kw.pop("wc"), kw.pop("b"), kw.pop("seed"), base_seed=base_seed, time_it=True,
+                                    compute="fp8" if case.op == "gemm_w4a4_fp8" else "exact")
     res, *_ = gpu_checks.quantize_case(lib, kw.pop("m"), kw.pop("k"), kw.pop("dt"), kw.pop("use_smooth"),
                                        kw.pop("r"), kw.pop("seed"), base_seed=base_seed, time_it=True)
     return res
@@ -117,10 +131,10 @@ def format_table(rows: list[dict]) -> str:
 
 def _short_case(case: Case) -> str:
     kw = case.kwargs
-    if case.op == "gemm_w4a4":
+    if case.op in _GEMM_OPS:
         return f"M={kw['m']} N={kw['n']} K={kw['k']}" + ("" if kw.get("wc", True) or kw.get("b", True) else
                                                          " no wcscale/bias")
-    if case.op == "decode_act":
+    if case.op in ("decode_act", "act_fp8"):
         return f"M={kw['m']} K={kw['k']}"
     return f"M={kw['m']} K={kw['k']} smooth={int(kw['use_smooth'])}"
 

@@ -48,19 +48,21 @@ def quantize(lib, x, smooth, lora_down):
     return lib.quantize_act(x, smooth=smooth, lora_down=lora_down)
 
 
-def prepare(lib, qweight, wscales, lora_up, wcscale, bias, cache: dict):
+def prepare(lib, qweight, wscales, lora_up, wcscale, bias, cache: dict, compute: str = "exact"):
     """The layer's PreparedWeight (checked and converted to the device's weight format once, then cached;
-    ``cache["last"]`` is the one a compiled forward reads)."""
-    key = (qweight.data_ptr(), wscales.data_ptr(), _ptr(lora_up), _ptr(wcscale), _ptr(bias), id(lib))
+    ``cache["last"]`` is the one a compiled forward reads).  `compute`: the GEMM's mode ("exact" or "fp8")."""
+    key = (qweight.data_ptr(), wscales.data_ptr(), _ptr(lora_up), _ptr(wcscale), _ptr(bias), id(lib), compute)
     w = cache.get(key)
     if w is None:
         cache.clear()
-        w = cache[key] = lib.prepare_weight(qweight, wscales, lora_up=lora_up, wcscale=wcscale, bias=bias)
+        kw = {} if compute == "exact" else dict(compute=compute)     # test doubles take the exact form's keywords
+        w = cache[key] = lib.prepare_weight(qweight, wscales, lora_up=lora_up, wcscale=wcscale, bias=bias, **kw)
         cache["last"] = w
     return w
 
 
-def gemm(lib, act, ascales, qweight, wscales, lora_act_in, lora_up, wcscale, bias, out_dtype, cache: dict):
+def gemm(lib, act, ascales, qweight, wscales, lora_act_in, lora_up, wcscale, bias, out_dtype, cache: dict,
+         compute: str = "exact"):
     """y = (A·Wᵀ)·wcscale + bias + lora_act_in·lora_upᵀ; `cache` keeps the checked weight side per layer."""
     lib = _need(lib)
     if torch.compiler.is_compiling():
@@ -70,7 +72,7 @@ def gemm(lib, act, ascales, qweight, wscales, lora_act_in, lora_up, wcscale, bia
                                   "eagerly on the GPU (or attach the library with the layer on the GPU) before "
                                   "torch.compile")
         return torch_ops.gemm_w4a4(act, ascales, w, lora_act_in, out_dtype)
-    w = prepare(lib, qweight, wscales, lora_up, wcscale, bias, cache)
+    w = prepare(lib, qweight, wscales, lora_up, wcscale, bias, cache, compute)
     return lib.gemm_w4a4(act, w, ascales, lora_act_in=lora_act_in, out_dtype=out_dtype)
 
 

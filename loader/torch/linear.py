@@ -3,6 +3,7 @@
     layer = W4A4Linear.from_linear(linear, lib=lib, rank=32, act_amax=amax)   # offline recipe
     layer = W4A4Linear.from_tensors(qweight=..., wscales=..., wcscale=..., lib=lib)
     y = layer(x)          # x [..., K] bf16/fp16 on the GPU -> y [..., N] in x's dtype
+    W4A4Linear(..., compute="fp8")   # the FP8-compute mode (sm_90a; not bit-equivalent: docs/design.md section 2)
 
 forward = ``quantize_act`` (smooth, NVFP4 codes and scales, LoRA-down) ->
 ``gemm_w4a4`` with the layer's weights, both through `svdq_loader.torch._ops`.
@@ -24,14 +25,24 @@ FIXED_DTYPE = ("qweight", "wscales", "wcscale", "bias")
 #: Every state-dict name, in order (optional ones may be absent).
 STATE_NAMES = ("qweight", "wscales", "wcscale", "bias", "smooth", "lora_down", "lora_up")
 _HALF = (torch.float16, torch.bfloat16)
+COMPUTE_MODES = ("exact", "fp8")
+
+
+def _check_compute(compute) -> str:
+    if compute not in COMPUTE_MODES:
+        raise InvalidArgument(f"compute must be one of {', '.join(map(repr, COMPUTE_MODES))}, got {compute!r}")
+    return compute
 
 
 class W4A4Linear(nn.Module):
     """y = (Q(x̂)·Q(W)ᵀ)·wcscale + bias + (x̂·lora_down)·lora_upᵀ, x̂ = x / smooth (docs/design.md section 2)."""
 
     def __init__(self, in_features: int, out_features: int, *, rank: int = 32, bias: bool = True,
-                 smooth: bool = False, dtype: torch.dtype = torch.bfloat16, device=None, lib=None):
+                 smooth: bool = False, dtype: torch.dtype = torch.bfloat16, device=None, lib=None,
+                 compute: str = "exact"):
         super().__init__()
+        #: "exact" (the default) or "fp8": the GEMM's compute mode (`prepare_weight`; never chosen silently)
+        self.compute = _check_compute(compute)
         if in_features < BLOCK_K or in_features % BLOCK_K or out_features < 1:
             raise InvalidArgument(f"W4A4Linear needs in_features a positive multiple of {BLOCK_K} and "
                                   f"out_features >= 1, got in_features={in_features}, out_features={out_features}")
@@ -59,7 +70,7 @@ class W4A4Linear(nn.Module):
     @classmethod
     def from_linear(cls, linear: nn.Linear, *, rank: int = 32, act_amax: torch.Tensor | None = None,
                     alpha: float = 0.5, svd: str = "exact", dtype: torch.dtype | None = None,
-                    lib=None) -> "W4A4Linear":
+                    lib=None, compute: str = "exact") -> "W4A4Linear":
         """SVDQuant's offline recipe (`recipe.quantize_linear`) on a bf16/fp16 `nn.Linear`.
 
         `act_amax [K]`: max |x| per input channel over a calibration batch
@@ -69,11 +80,11 @@ class W4A4Linear(nn.Module):
             raise InvalidArgument(f"from_linear expects an nn.Linear, got {type(linear).__name__}")
         q = quantize_linear(linear.weight, linear.bias, rank=rank, act_amax=act_amax, alpha=alpha, svd=svd,
                             dtype=dtype)
-        return cls.from_tensors(**q.__dict__, lib=lib)
+        return cls.from_tensors(**q.__dict__, lib=lib, compute=compute)
 
     @classmethod
     def from_tensors(cls, *, qweight, wscales, wcscale, bias=None, smooth=None, lora_down=None, lora_up=None,
-                     lib=None) -> "W4A4Linear":
+                     lib=None, compute: str = "exact") -> "W4A4Linear":
         """A layer holding already-quantized tensors (layouts: docs/torch.md); they are checked, then copied."""
         if not isinstance(qweight, torch.Tensor) or qweight.dtype != torch.uint8 or qweight.dim() != 2:
             raise InvalidArgument(f"qweight must be a 2-D uint8 tensor [N, K/2], got "
@@ -86,19 +97,19 @@ class W4A4Linear(nn.Module):
         halves = [t for t in (smooth, lora_down, lora_up) if t is not None]
         dtype = halves[0].dtype if halves else torch.bfloat16
         layer = cls(k, n, rank=rank, bias=bias is not None, smooth=smooth is not None, dtype=dtype,
-                    device=qweight.device, lib=lib)
+                    device=qweight.device, lib=lib, compute=compute)
         given = dict(qweight=qweight, wscales=wscales, wcscale=wcscale, bias=bias, smooth=smooth,
                      lora_down=lora_down, lora_up=lora_up)
         layer.load_tensors(given)
         return layer
 
     @classmethod
-    def from_state_dict(cls, state: dict, *, prefix: str = "", lib=None) -> "W4A4Linear":
+    def from_state_dict(cls, state: dict, *, prefix: str = "", lib=None, compute: str = "exact") -> "W4A4Linear":
         """A layer shaped and filled from a state dict (e.g. one read with safetensors)."""
         t = {n: state.get(prefix + n) for n in STATE_NAMES}
         if t["qweight"] is None:
             raise InvalidArgument(f"state dict has no {prefix}qweight: not a W4A4Linear state")
-        return cls.from_tensors(**t, lib=lib)
+        return cls.from_tensors(**t, lib=lib, compute=compute)
 
     def load_tensors(self, given: dict) -> None:
         """Copy tensors into the buffers after checking names, shapes and dtypes (raises InvalidArgument)."""
@@ -133,8 +144,14 @@ class W4A4Linear(nn.Module):
         self._prepared.clear()
         if lib is not None and self.qweight.is_cuda and hasattr(lib, "prepare_weight"):
             # prepared now, so that a compiled forward finds it (prepare once per weight and device)
-            _ops.prepare(lib, self.qweight, self.wscales, self.lora_up, self.wcscale, self.bias, self._prepared)
+            _ops.prepare(lib, self.qweight, self.wscales, self.lora_up, self.wcscale, self.bias, self._prepared,
+                         self.compute)
         return self
+
+    def set_compute(self, compute: str) -> "W4A4Linear":
+        """Switch the GEMM's compute mode ("exact" or "fp8"); the weight is prepared again for it."""
+        self.compute = _check_compute(compute)
+        return self.attach(self._lib)
 
     @property
     def lib(self):
@@ -172,7 +189,7 @@ class W4A4Linear(nn.Module):
         x2 = self._flat_input(x)
         act, ascales, lora_act_in = _ops.quantize(self._lib, x2, self.smooth, self.lora_down)
         y = _ops.gemm(self._lib, act, ascales, self.qweight, self.wscales, lora_act_in, self.lora_up, self.wcscale,
-                      self.bias, x2.dtype, self._prepared)
+                      self.bias, x2.dtype, self._prepared, self.compute)
         return y.reshape(*x.shape[:-1], self.out_features)
 
     # -- checking ----------------------------------------------------------
@@ -183,7 +200,7 @@ class W4A4Linear(nn.Module):
         x̂ = x · (1/smooth rounded to x's dtype), rounded once; codes and scales by the
         rules of `svdq_loader.testing.quantize_ref` (bit-exact with the
         kernel); the GEMM, ``wcscale``, ``bias`` and ``x̂·lora_down·lora_upᵀ``
-        in float64.
+        in float64.  In the FP8-compute mode, the mode's math instead (`fp8_reference`, numpy on the CPU).
         """
         from svdq_loader.testing import torch_quant
         from svdq_loader.testing.reference import reference_torch_f64
@@ -194,13 +211,22 @@ class W4A4Linear(nn.Module):
         if self.rank:
             la = xh.to(torch.float64) @ self.lora_down.to(torch.float64)
             lu = self.lora_up
-        y = reference_torch_f64(act, self.qweight, ascales, self.wscales, lora_act_in=la, lora_up=lu,
-                                wcscale=self.wcscale, bias=self.bias)
+        if self.compute == "fp8":
+            from svdq_loader.testing.fp8_reference import reference_gemm_w4a4_fp8
+            host = lambda t, raw=False: None if t is None else (  # noqa: E731
+                t.detach().cpu().view(torch.uint8).numpy() if raw else t.detach().cpu().double().numpy())
+            y = torch.from_numpy(reference_gemm_w4a4_fp8(
+                host(act, True), host(self.qweight, True), host(ascales, True), host(self.wscales, True),
+                lora_act_in=host(la), lora_up=host(lu), wcscale=host(self.wcscale), bias=host(self.bias))).to(x.device)
+        else:
+            y = reference_torch_f64(act, self.qweight, ascales, self.wscales, lora_act_in=la, lora_up=lu,
+                                    wcscale=self.wcscale, bias=self.bias)
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}, "
-                f"bias={self.bias is not None}, smooth={self.smooth is not None}, dtype={self.dtype}")
+                f"bias={self.bias is not None}, smooth={self.smooth is not None}, dtype={self.dtype}"
+                + (f", compute={self.compute!r}" if self.compute != "exact" else ""))
 
 
 @torch.no_grad()

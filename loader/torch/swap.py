@@ -65,8 +65,9 @@ def resolve_arch(lib, arch: str | None = None, device=None) -> str:
     return archs[0]
 
 
-def eligibility(linear: nn.Linear, variants, arch: str, rank: int, dtype: torch.dtype | None = None) -> str | None:
-    """None if built kernels serve this linear as a W4A4 layer of `rank`, else why not (one line)."""
+def eligibility(linear: nn.Linear, variants, arch: str, rank: int, dtype: torch.dtype | None = None,
+                compute: str = "exact") -> str | None:
+    """None if built kernels serve this linear as a W4A4 layer of `rank` (in `compute` mode), else why not."""
     n, k = linear.out_features, linear.in_features
     dt = dtype or linear.weight.dtype
     if dt not in _DTYPE_NAMES:
@@ -80,7 +81,8 @@ def eligibility(linear: nn.Linear, variants, arch: str, rank: int, dtype: torch.
         return f"arch {arch} has no scale layout defined (known: {', '.join(SCALE_LAYOUT_BY_ARCH)})"
     name = _DTYPE_NAMES[dt]
     probs = (
-        ("gemm_w4a4", (name, rank, True, linear.bias is not None, layout), (("m", 1), ("n", n), ("k", k))),
+        ("gemm_w4a4_fp8" if compute == "fp8" else "gemm_w4a4", (name, rank, True, linear.bias is not None, layout),
+         (("m", 1), ("n", n), ("k", k))),
         ("quantize_act", (name, rank, layout), (("m", 1), ("k", k))),
     )
     for op, feats, dims in probs:
@@ -106,14 +108,15 @@ def _set(module: nn.Module, name: str, new: nn.Module) -> None:
 
 def quantize_model(module: nn.Module, lib, *, rank: int = 32, filter: Callable | None = None,
                    act_amax: dict | None = None, alpha: float = 0.5, svd: str = "exact", arch: str | None = None,
-                   dtype: torch.dtype | None = None, dry_run: bool = False) -> SwapReport:
+                   dtype: torch.dtype | None = None, dry_run: bool = False, compute: str = "exact") -> SwapReport:
     """Swap every eligible `nn.Linear` of `module` for a `W4A4Linear` (in place); returns the report.
 
     `filter(name, linear) -> bool` picks the candidates (default: all);
     `act_amax` maps a layer name to its calibration maxima (`calibrate`),
     which turns smoothing on for that layer.  `dry_run` only reports (works
     on a model on the ``meta`` device).  `arch` defaults to the GPU the model
-    is on, else the only arch with GEMM kernels in `lib`.
+    is on, else the only arch with GEMM kernels in `lib`.  `compute="fp8"` makes every swapped layer use the
+    FP8-compute mode (sm_90a; not bit-equivalent: docs/design.md section 2).
     """
     if isinstance(module, nn.Linear):
         raise InvalidArgument("quantize_model swaps linears inside a module; for one layer use "
@@ -128,7 +131,7 @@ def quantize_model(module: nn.Module, lib, *, rank: int = 32, filter: Callable |
     variants = lib.variants
     for name in names:
         lin = module.get_submodule(name)
-        why = eligibility(lin, variants, target, rank, dtype)
+        why = eligibility(lin, variants, target, rank, dtype, compute)
         if why is not None:
             report.skipped.append((name, lin.in_features, lin.out_features, why))
             continue
@@ -136,7 +139,8 @@ def quantize_model(module: nn.Module, lib, *, rank: int = 32, filter: Callable |
         if dry_run:
             continue
         amax = (act_amax or {}).get(name)
-        new = W4A4Linear.from_linear(lin, rank=rank, act_amax=amax, alpha=alpha, svd=svd, dtype=dtype, lib=lib)
+        new = W4A4Linear.from_linear(lin, rank=rank, act_amax=amax, alpha=alpha, svd=svd, dtype=dtype, lib=lib,
+                                     compute=compute)
         _set(module, name, new)
         del lin
     return report
@@ -166,18 +170,20 @@ def calibrate(module: nn.Module, run: Callable[[], object], *, filter: Callable 
     return amax
 
 
-def load_quantized(module: nn.Module, state: dict, *, lib=None, strict: bool = True) -> list[str]:
+def load_quantized(module: nn.Module, state: dict, *, lib=None, strict: bool = True,
+                   compute: str = "exact") -> list[str]:
     """Put a `W4A4Linear` wherever `state` holds ``<name>.qweight``, then load `state` into `module`.
 
     The inverse of saving a swapped model's ``state_dict()`` (e.g. with
-    safetensors); `module` is a fresh copy of the original architecture.
+    safetensors); `module` is a fresh copy of the original architecture.  `compute`: the layers' GEMM mode.
     """
     names = sorted(k[: -len(".qweight")] for k in state if k.endswith(".qweight"))
     for name in names:
         old = module.get_submodule(name)
         if not isinstance(old, (nn.Linear, W4A4Linear)):
             raise InvalidArgument(f"{name} holds a W4A4 state but the module there is {type(old).__name__}")
-        _set(module, name, W4A4Linear.from_state_dict(state, prefix=name + ".", lib=lib).to(_device_of(old)))
+        _set(module, name, W4A4Linear.from_state_dict(state, prefix=name + ".", lib=lib, compute=compute)
+             .to(_device_of(old)))
     module.load_state_dict(state, strict=strict)
     return names
 

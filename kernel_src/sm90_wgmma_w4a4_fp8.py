@@ -1,0 +1,137 @@
+"""The sm_90a FP8-compute GEMM family (``sm90_wgmma_w4a4_fp8``, op ``gemm_w4a4_fp8``): knobs, the validity predicate,
+selection, build.  CuTe-DSL at build time only.
+
+The kernel is ``sm90_wgmma_kernel`` in its FP8-compute mode (``_Cfg.compute == "fp8"``): the warp-specialised images
+schedule with E4M3 operands, ``wgmma.m64nNk32`` (E4M3 x E4M3 -> fp32), 128-k k-tiles.  The weight stays 4-bit
+(``svdq_loader.ops.sm90_fp8_weight_format``: each value is rounded once to E4M3 in registers, its block scale and
+the column's power of two ``rw`` folded in); the activations arrive as E4M3 stage images with ``1 / ra`` from the
+``act_fp8`` pre-pass (``svdq_loader.ops.act_fp8``); the epilogue multiplies by ``wcscale / rw`` (the ``wcscale``
+input in this mode, `prepare_weight`) and ``1 / ra``, then adds the LoRA (fp16 / bf16 wgmma, as in the exact mode)
+and the bias.  The mode's numerics: docs/design.md section 2, ``svdq_loader.testing.fp8_reference``.
+
+Forms: the images ``ws`` tile of 128 or 208 activation rows by 128 weight rows, four stages, two raw weight sets.
+The 224- and 256-row tiles keep stack frames (measured on the CPU, session 27: the FP8 decode's eight weight words
+and four scale words per raw set, against four and two in the exact mode), and so does the 208-row one from rank 64
+on: `invalid_reason` says so.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from . import sm90_wgmma_w4a4 as exact
+from .compiled_output import cubin_resource_usage, refuse_invalid
+from .sm90_plan import FP8_TILE_K, SMEM_LIMIT_BYTES, _cfg_of, _problem, _smem_plan, k_unroll, threads_of
+from .sm90_wgmma_kernel import _Sm90Wgmma
+
+__all__ = ["OP", "ARCHS", "NAME", "TUNING", "FEATURE_VALUES", "config_axes", "resolve", "invalid_reason",
+           "requirements", "compile", "threads_for", "smem_bytes_for", "cubin_resource_usage", "SMEM_LIMIT_BYTES",
+           "SELECTION"]
+
+OP = "gemm_w4a4_fp8"
+ARCHS = ("sm_90a",)
+NAME = "sm90_wgmma_w4a4_fp8"
+
+#: The knobs a form may set (`config_axes`: tiles, stages); the others are the exact family's knobs, fixed here to
+#: the one value the FP8-compute kernel has (`FIXED`).
+TUNING: dict[str, tuple] = dict(
+    tile_m=(128, 208, 224, 256),   # 224 and 256: refused with their measured stack frames (invalid_reason)
+    tile_n=(128,),
+    tile_k=(FP8_TILE_K,),          # 128 k per stage: one 128-byte row of E4M3
+    stages=(3, 4, 6),
+    prefetch=(1,), skip_pad=(True,), act_decode=("prmt",), schedule=("ws",), wsets=(2,), act_source=("images",),
+)
+FIXED = dict(prefetch=1, skip_pad=True, act_decode="prmt", schedule="ws", wsets=2, act_source="images")
+FEATURE_VALUES: dict[str, tuple] = dict(
+    out_dtype=("fp16", "bf16"),
+    rank=(0, 16, 32, 48, 64, 80, 96, 112, 128),
+    # the epilogue always multiplies by the wcscale input, which holds wcscale / rw in this mode (prepare_weight)
+    wcscale=(True,),
+    bias=(False, True),
+    scale_layout=("logical",),
+)
+#: the largest tile_m per rank that compiles without a stack frame (CPU, session 27)
+_MAX_TILE_M = {0: 208, 16: 208, 32: 208, 48: 208}
+
+#: M <= 512: the 128-row tile (more CTAs where 208-row tiles would leave SMs idle); above, the taller one.  Not yet
+#: timed on a GPU: a first rule, to be fitted to the H200 as the exact family's was.
+SELECTION = [
+    {"m_max": 512, "priority": 0, "prefer": [{"knob": "tile_m", "order": "asc"}, {"knob": "stages", "order": "desc"}]},
+    {"m_max": None, "priority": 0, "prefer": [{"knob": "tile_m", "order": "desc"},
+                                               {"knob": "stages", "order": "desc"}]},
+]
+
+
+def _cfg(knobs: dict):
+    return _cfg_of(knobs, "fp8")
+
+
+def threads_for(knobs: dict) -> int:
+    return threads_of(_cfg(knobs))
+
+
+def smem_bytes_for(knobs: dict) -> int:
+    return _smem_plan(_cfg(knobs))["total_bytes"]
+
+
+def config_axes(arch: str, section: dict) -> tuple[list[dict], list[str]]:
+    """``variants.sm_90a.gemm_w4a4_fp8`` -> knob dicts: ``tiles`` ([[tile_m, 128, 128], ...]) and ``stages``
+    ([auto | 3 | 4 | 6]), or ``forms`` (a list of such sections, each may list ``ranks``), as the exact family reads
+    them; every other knob is fixed (`FIXED`)."""
+    problems: list[str] = []
+    forms = section.get("forms") if "forms" in section else [section]
+    if isinstance(forms, list):
+        for i, form in enumerate(forms):
+            where = f"forms[{i}]." if "forms" in section else ""
+            if isinstance(form, dict):
+                for key in sorted(set(form) - {"tiles", "stages", "ranks"}):
+                    problems.append(f"{where}{key}: unknown key (an FP8-compute form sets tiles, stages and ranks; "
+                                    f"its schedule is fixed: {', '.join(f'{k} {v}' for k, v in FIXED.items())})")
+    if problems:
+        return [], problems
+
+    def fixed(form):
+        return dict(form, **{k: [v] for k, v in FIXED.items()})
+    sec = dict(section, forms=[fixed(f) for f in section["forms"]]) if "forms" in section else fixed(section)
+    return exact.config_axes(arch, sec)
+
+
+def resolve(arch: str, knobs: dict) -> dict:
+    return exact.resolve(arch, knobs, invalid_reason)
+
+
+def invalid_reason(arch: str, knobs: dict) -> Optional[str]:
+    from svdq_aot.family import table_reason
+    problems = table_reason(NAME, ARCHS, arch, knobs, FEATURE_VALUES, TUNING)
+    if problems:
+        return problems
+    rank, tm = int(knobs["rank"]), int(knobs["tile_m"])
+    if tm > 128 and tm > _MAX_TILE_M.get(rank, 128):
+        return (f"tile_m {tm} at rank {rank}: the FP8-compute MMA warps hold eight weight words and four scale words "
+                f"per raw set (twice the exact mode's) beside {tm // 2} accumulators, and ptxas keeps a stack frame "
+                f"(measured on the CPU: 224 and 256 rows at every rank, 208 rows from rank 64 on); 128 rows build at "
+                f"every rank, 208 up to rank 48")
+    return _problem(_cfg(knobs))
+
+
+def requirements(arch: str, knobs: dict) -> dict:
+    """N: whole 128-row weight tiles; K: whole unrolled steps of two 128-k k-tiles."""
+    return {"n_multiple": int(knobs["tile_n"]), "k_multiple": k_unroll(_cfg(knobs)) * FP8_TILE_K}
+
+
+def compile(arch: str, knobs: dict, name: str, dump_dir: str, *, keep_ptx: bool = False):
+    refuse_invalid(name, invalid_reason(arch, knobs))
+    cfg = _cfg(knobs)
+    from svdq_loader.ops import GEMM_W4A4_FP8
+    return exact.compile_gemm(_Sm90Wgmma, _Sm90Wgmma(cfg), GEMM_W4A4_FP8, cfg.out_dtype, arch, name, dump_dir,
+                              keep_ptx, lambda ptx, usage, gemm: static_problem(ptx, usage))
+
+
+#: the main loop's MMA: E4M3 x E4M3 into fp32 (SASS ``QGMMA…E4M3.E4M3``)
+FP8_MMA_PTX = ".f32.e4m3.e4m3"
+
+
+def static_problem(ptx: str, usage: dict) -> Optional[str]:
+    """The exact family's checks (wgmma, the paired store, no stack frame) and the FP8 MMA in the main loop."""
+    if not any("wgmma.mma_async" in line and FP8_MMA_PTX in line for line in ptx.splitlines()):
+        return f"no wgmma.mma_async…{FP8_MMA_PTX} in the PTX (the main loop is not on the FP8 tensor cores)"
+    return exact.static_problem(ptx, usage, "wgmma.mma_async", True)

@@ -1,0 +1,105 @@
+"""The FP8-compute mode's loader side on the CPU: prepare_weight(compute="fp8"), the call checks, the pre-pass
+workspace the images launcher allocates, selection (never an FP8 variant for an exact call), and the torch module's
+compute argument."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from svdq_loader import select  # noqa: E402
+from svdq_loader.errors import InvalidArgument  # noqa: E402
+from svdq_loader.ops import act_fp8, decode_act, gemm_w4a4 as gemm_op  # noqa: E402
+from svdq_loader.ops import sm90_fp8_weight_format as fmt  # noqa: E402
+from svdq_loader.testing import fp8_reference as f8  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _cpu_tensors(monkeypatch):
+    """The device check stubbed out: these tests hand CPU tensors to the checks and conversions."""
+    monkeypatch.setattr(gemm_op, "check_devices", lambda named: None)
+
+
+def _weight(n=128, k=256, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    wgt = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g)
+    sc = torch.randint(1, 0x7F, (n, k // 16), dtype=torch.uint8, generator=g).view(torch.float8_e4m3fn)
+    return wgt, sc
+
+
+def test_prepare_weight_for_fp8_records_the_mode_and_folds_rw_into_wcscale():
+    wgt, sc = _weight()
+    wc = torch.rand(128) + 0.5
+    w = gemm_op.prepare_weight(wgt, sc, wcscale=wc, arch="sm_90a", compute="fp8")
+    assert (w.compute, w.op, w.weight_format) == ("fp8", "gemm_w4a4_fp8", "sm90_fp8_frag")
+    rw = f8.scale_pow2(sc.view(torch.uint8).numpy())
+    np.testing.assert_array_equal(fmt.rw_of(w.wscales, 128).double().numpy(), rw)
+    np.testing.assert_array_equal(w.wcscale.numpy(), (wc / torch.from_numpy(rw).float()).numpy())   # exact
+    w0 = gemm_op.prepare_weight(wgt, sc, arch="sm_90a", compute="fp8")        # no wcscale: 1 / rw
+    np.testing.assert_array_equal(w0.wcscale.double().numpy(), 1.0 / rw)
+    ex = gemm_op.prepare_weight(wgt, sc, wcscale=wc, arch="sm_90a")
+    assert (ex.compute, ex.op, ex.weight_format) == ("exact", "gemm_w4a4", "sm90_frag")
+
+
+@pytest.mark.parametrize("arch, compute, k, words", [
+    ("sm_100a", "fp8", 256, "runs on sm_90a only"),
+    ("sm_90a", "fp4", 256, "compute must be one of 'exact', 'fp8'"),
+    ("sm_90a", "fp8", 192, "K % 128 == 0"),
+])
+def test_prepare_weight_refuses_what_the_mode_cannot_serve(arch, compute, k, words):
+    wgt, sc = _weight(k=k)
+    with pytest.raises(InvalidArgument, match=words):
+        gemm_op.prepare_weight(wgt, sc, arch=arch, compute=compute)
+
+
+def test_plan_call_takes_an_fp8_weight_with_the_exact_features():
+    wgt, sc = _weight()
+    w = gemm_op.prepare_weight(wgt, sc, bias=torch.zeros(128), arch="sm_90a", compute="fp8")
+    act = torch.zeros(5, 128, dtype=torch.uint8)
+    asc = torch.ones(5, 16).to(torch.float8_e4m3fn)
+    call = gemm_op.plan_call("sm_90a", act, w, asc)
+    assert call.features == ("bf16", 0, True, True, "logical")      # wcscale always on: it holds wcscale / rw
+    assert call.pointers["wscales"] == w.wscales.data_ptr()
+
+
+def test_the_images_launcher_allocates_the_prepass_workspace():
+    assert decode_act.WORKSPACE_BYTES_BY_PREPASS["act_fp8"](1000, 3072) == act_fp8.workspace_bytes(1000, 3072)
+    assert act_fp8.workspace_bytes(1000, 3072) == 4 * decode_act.image_rows(1000) + 3072 * decode_act.image_rows(1000)
+    assert decode_act.WORKSPACE_BYTES_BY_PREPASS["decode_act"] is decode_act.image_bytes
+    assert act_fp8.image_size_problem(4608, 15360) is None
+    assert "split the call along M" in act_fp8.image_size_problem(1 << 17, 1 << 15)
+
+
+def test_selection_keeps_the_modes_apart():
+    """An exact call never gets an FP8 variant and the other way round: the mode is the operator."""
+    from svdq_aot.config import load_config
+    from svdq_aot.variants import enumerate_variants
+    pytest.importorskip("cutlass")
+    from pathlib import Path
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "sm90_fp8.yaml")
+    valid, _ = enumerate_variants(cfg)
+
+    class E:                      # the fields selection reads of a manifest entry
+        def __init__(self, v):
+            self.name, self.op, self.arch, self.knobs = v.name, v.op, v.arch, v.knob_dict
+            from svdq_kernels import registry
+            self.requirements = registry.family(v.op, v.arch).requirements(v.arch, v.knob_dict)
+    entries = [E(v) for v in valid]
+    feats = ("bf16", 32, True, True, "logical")
+    for op in ("gemm_w4a4", "gemm_w4a4_fp8"):
+        for m in (1, 64, 1024, 4608):
+            p = select.Problem(op, "sm_90a", feats, (("m", m), ("n", 3072), ("k", 3072)))
+            ex = select.explain(entries, {}, p)
+            assert ex.chosen is not None and ex.chosen.op == op, ex.text()
+            assert any(w.startswith(f"compute mode {'fp8' if op.endswith('fp8') else 'exact'}") for w in ex.why)
+
+
+def test_torch_module_takes_the_compute_mode():
+    from svdq_loader.torch.linear import W4A4Linear
+    layer = W4A4Linear(256, 128, rank=16, compute="fp8")
+    assert layer.compute == "fp8" and "compute='fp8'" in repr(layer)
+    assert W4A4Linear(256, 128).compute == "exact"
+    with pytest.raises(InvalidArgument, match="compute must be one of"):
+        W4A4Linear(256, 128, compute="int8")
+    assert layer.set_compute("exact").compute == "exact"

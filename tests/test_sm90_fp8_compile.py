@@ -1,0 +1,118 @@
+"""The FP8-compute mode's build side on the CPU: the ``gemm_w4a4_fp8`` family (sm90_wgmma_w4a4_fp8) and the
+``act_fp8`` pre-pass family (sm90_act_fp8) cross-compiled for sm_90a, their SASS read back (FP8 ``QGMMA`` with a
+register A operand, the one-rounding conversions, no local memory), their validity predicates and config sections.
+
+Needs the build extra (``nvidia-cutlass-dsl``); skipped without it.  Nothing here ran on a GPU: the numerics of
+these kernels are checked on the H200 by ``svdq-aot selftest`` (tests/test_gpu_gemm.py's FP8 cases)."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from svdq_loader.ops import ACT_FP8, GEMM_W4A4_FP8
+
+cutlass = pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl (the build extra) is not installed")
+
+from svdq_kernels import registry  # noqa: E402
+from kernel_checks import sass_of_cubin  # noqa: E402
+
+ARCH = "sm_90a"
+fam = registry.family("gemm_w4a4_fp8", ARCH)
+pre = registry.family("act_fp8", ARCH)
+
+
+def knobs(out_dtype="bf16", rank=32, wcscale=True, bias=True, tile_m=128, **kw):
+    k = dict(out_dtype=out_dtype, rank=rank, wcscale=wcscale, bias=bias, scale_layout="logical", tile_m=tile_m,
+             tile_n=128, tile_k=128, stages=4, **fam.FIXED)
+    k.update(kw)
+    return k
+
+
+def test_families_are_registered_with_their_ops():
+    assert fam.OP == "gemm_w4a4_fp8" and pre.OP == "act_fp8"
+    assert GEMM_W4A4_FP8.prepass({}) == "act_fp8"
+    from svdq_loader.ops import GEMM_W4A4
+    assert GEMM_W4A4_FP8.host_args == GEMM_W4A4.host_args         # one launch ABI for both modes
+    assert GEMM_W4A4_FP8.feature_names == GEMM_W4A4.feature_names
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(tile_m=224), ["tile_m 224", "stack frame", "208 up to rank 48"]),
+    (dict(tile_m=256, rank=0), ["tile_m 256", "stack frame"]),
+    (dict(tile_m=208, rank=64), ["tile_m 208 at rank 64"]),
+    (dict(wcscale=False), ["wcscale False"]),
+    (dict(tile_k=64), ["tile_k 64"]),
+    (dict(schedule="ws_splitk2"), ["schedule 'ws_splitk2'"]),
+])
+def test_invalid_forms_are_refused_with_the_reason(kw, words):
+    reason = fam.invalid_reason(ARCH, knobs(**kw))
+    assert reason is not None
+    for w in words:
+        assert w in reason, reason
+
+
+def test_valid_forms_and_requirements():
+    for tm, ranks in ((128, (0, 16, 32, 48, 64, 96, 128)), (208, (0, 16, 32, 48))):
+        for r in ranks:
+            assert fam.invalid_reason(ARCH, knobs(tile_m=tm, rank=r)) is None, (tm, r)
+    assert fam.requirements(ARCH, knobs()) == {"n_multiple": 128, "k_multiple": 256}
+    assert pre.requirements(ARCH, {"scale_layout": "logical"}) == {"k_multiple": 256}
+    assert fam.invalid_reason("sm_100a", knobs()).startswith("arch sm_100a is not built")
+
+
+def test_config_sections_fix_the_schedule():
+    got, probs = fam.config_axes(ARCH, {"tiles": [[128, 128, 128], [208, 128, 128]], "stages": ["auto"]})
+    assert not probs and [g["tile_m"] for g in got] == [128, 208]
+    assert all(g[k] == v for g in got for k, v in fam.FIXED.items())
+    _, probs = fam.config_axes(ARCH, {"tiles": [[128, 128, 128]], "schedule": ["ws"]})
+    assert probs and "schedule: unknown key" in probs[0] and "its schedule is fixed" in probs[0]
+    got, probs = fam.config_axes(ARCH, {"forms": [{"tiles": [[208, 128, 128]], "ranks": [32]}]})
+    assert not probs and len(got) == 1
+    _, probs = pre.config_axes(ARCH, {"rows": 16})
+    assert probs == ["rows: unknown key (act_fp8 has no knobs; write act_fp8: {})"]
+
+
+@pytest.mark.parametrize("kw", [dict(out_dtype="bf16", rank=32, tile_m=128),
+                                dict(out_dtype="fp16", rank=128, tile_m=128),
+                                dict(out_dtype="bf16", rank=0, tile_m=208, bias=False),
+                                dict(out_dtype="fp16", rank=48, tile_m=208)],
+                         ids=lambda k: "-".join(f"{a}={b}" for a, b in k.items()))
+def test_compile_gives_fp8_tensor_core_sass_without_local_memory(kw, tmp_path):
+    k = knobs(**kw)
+    name = GEMM_W4A4_FP8.name_for(ARCH, k, fam.requirements(ARCH, k))
+    ck = fam.compile(ARCH, k, name, str(tmp_path), keep_ptx=True)
+    assert name.startswith("svdq_gemm_w4a4_fp8_sm90a_") and "tilek128" in name
+    usage = ck.resource_usage[ck.kernel_symbols[0]]
+    assert usage["stack_frame_bytes"] == 0
+    ptx = (tmp_path / f"{ck.entry}.{ARCH}.ptx").read_text()
+    tm = k["tile_m"]
+    # main loop: E4M3 x E4M3 wgmma, k = 32, the weight fragment from registers
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n%dk32\.f32\.e4m3\.e4m3\s+\{[^}]*\},\s*\{" % tm, ptx)
+    sass = sass_of_cubin(ck.cubin, tmp_path)
+    q = re.findall(r"QGMMA\.64x%dx32\.F32\.E4M3\.E4M3 R\d+, R\d+" % tm, sass)
+    assert len(q) == 2 * 4, q                    # two unrolled 128-k k-tiles x four k32 steps
+    assert len(re.findall(r"HGMMA\.64x%dx16" % tm, sass)) == k["rank"] // 16      # the LoRA, in the output dtype
+    assert not re.search(r"\b(STL|LDL)\b", sass), "local-memory traffic in the SASS"
+    # the weight decode: byte permutes to E4M3, E4M3 -> fp16 (exact), one rounding back per pair
+    assert "PRMT" in sass and "F2FP.F16.E4M3.UNPACK_B" in sass and "F2FP.SATFINITE.E4M3.F16" in sass
+    assert "UBLKCP" in sass                        # the producer bulk-copies the E4M3 stage images
+    assert "MOVM.16.MT88" in sass                  # the paired output store
+
+
+def test_static_check_wants_the_fp8_mma():
+    assert "no wgmma.mma_async" in fam.static_problem("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {",
+                                                      {"k": {"registers": 100, "stack_frame_bytes": 0}})
+    ok = ("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {\nmovmatrix.sync.aligned.m8n8.trans.b16")
+    assert fam.static_problem(ok, {"k": {"registers": 100, "stack_frame_bytes": 0}}) is None
+    assert "stack frame" in fam.static_problem(ok, {"k": {"registers": 100, "stack_frame_bytes": 8}})
+
+
+def test_act_fp8_compiles_to_one_pass_without_local_memory(tmp_path):
+    name = ACT_FP8.name_for(ARCH, {"scale_layout": "logical"}, pre.requirements(ARCH, {"scale_layout": "logical"}))
+    ck = pre.compile(ARCH, {"scale_layout": "logical"}, name, str(tmp_path))
+    assert ck.resource_usage[ck.kernel_symbols[0]]["stack_frame_bytes"] == 0
+    sass = sass_of_cubin(ck.cubin, tmp_path)
+    assert "REDUX.MAX" in sass                     # the row's largest scale byte over the warp
+    assert "F2FP.SATFINITE.E4M3.F16" in sass and "STG.E.128" in sass
+    assert not re.search(r"\b(STL|LDL)\b", sass)
