@@ -386,3 +386,48 @@ def test_project_sm90_gemm_kernel_matches_dsl(tmp_path, schedule, tile_m, wsets)
         assert big.grid == one.grid == (4 * 2 * -(-300 // tile_m), 1, 1) and big.params == one.params
     else:
         assert big.grid == (6, 1, 1) and one.grid == (1, 1, 1) and big.params == one.params
+
+
+@pytest.mark.parametrize("op", ["gemm_w4a4_fp8", "act_fp8"])
+def test_project_fp8_mode_kernels_match_dsl(tmp_path, op):
+    """The FP8-compute mode's GEMM and its pre-pass: the serialised host program launches exactly what the DSL's
+    own host code launches (grid, block, SMEM, cluster, parameter bytes) for random shapes and pointers."""
+    from svdq_aot.host_ir import serialize_host
+    from svdq_kernels import registry
+    from svdq_loader.cubin_info import param_sizes
+    from svdq_loader.ops import op_spec
+    from svdq_loader.ops.decode_act import image_rows
+
+    fam, spec = registry.family(op, "sm_90a"), op_spec(op)
+    if op == "act_fp8":
+        knobs = dict(scale_layout="logical")
+    else:
+        knobs = dict(out_dtype="fp16", rank=32, wcscale=True, bias=True, scale_layout="logical", tile_m=208,
+                     tile_n=128, tile_k=128, stages=4, **fam.FIXED)
+    assert fam.invalid_reason("sm_90a", knobs) is None
+    name = spec.name_for("sm_90a", knobs, fam.requirements("sm_90a", knobs))
+    ck = fam.compile("sm_90a", knobs, name, str(tmp_path))
+    sizes = param_sizes(ck.cubin)
+    (sym,) = ck.kernel_symbols
+    prog = HostProgram.from_dict(json.loads(json.dumps(serialize_host(ck.compiled))))
+    want = {"ptr": "ptr<1>", "stream": "ptr", "i32": "i32"}
+    assert prog.arg_kinds == [want[k] for _, k in spec.host_args]
+    nptr = sum(1 for _, k in spec.host_args if k == "ptr")
+    rng = random.Random(7)
+    for _ in range(10):
+        m, n, k = rng.randrange(1, 9000), 128 * rng.randrange(1, 100), 256 * rng.randrange(1, 60)
+        ptrs = [_ptr(rng) for _ in range(nptr)]
+        if op == "act_fp8":
+            args = ptrs + [m, k, rng.randrange(0, 1 << 47)]
+        else:
+            args = ptrs + [m, n, k, rng.choice([1, 78, 132, rng.randrange(1, 1 << 16)]), rng.randrange(0, 1 << 47)]
+        vm = prog.launch(args, sizes)
+        dsl = O.dsl_oracle_launch(ck.compiled, args, sizes)
+        amask, pmask = O.defined_mask(prog, args, sizes)
+        assert not O.compare_records(vm, dsl, amask, pmask)
+        assert vm.kernel == sym and vm.smem == ck.smem_bytes == fam.smem_bytes_for(knobs)
+        if op == "act_fp8":
+            assert vm.grid == (image_rows(m) // 16, 1, 1) and vm.block == (128, 1, 1)
+        else:
+            assert vm.grid == (min(-(-m // 208) * (n // 128), args[-2]), 1, 1) and vm.block == (384, 1, 1)
+        assert vm.params[:nptr] == [p.to_bytes(8, "little") for p in ptrs]
