@@ -322,6 +322,23 @@ def run(args, device="cuda") -> dict:
         out["profile"] = {"bf16_eager": prof_bf16, "w4a4_eager": profile_step(lambda: step(model, inputs))}
     if "w4a4" in args.compile:
         try_compile(model, inputs, timing, "w4a4_compiled", res, args.compile_scope)
+    if args.fp8:
+        # the same swapped model in the FP8-compute mode (sm_90a; docs/design.md section 2): each layer's weight is
+        # prepared again for it, and the layer check compares with the mode's own float64 reference
+        from svdq_loader.torch import W4A4Linear
+        for mod in model.modules():
+            if isinstance(mod, W4A4Linear):
+                mod.set_compute("fp8")
+        torch.cuda.empty_cache()
+        check = LayerCheck(model, args.layer_tol)
+        y_f8 = step(model, inputs).float()
+        check.remove()
+        out["fp8"] = {"layer_check": check.summary(), "rel_err_vs_bf16": rel_error(y_f8, y_bf16),
+                      "rel_err_vs_w4a4": rel_error(y_f8, y_w4), "finite": bool(torch.isfinite(y_f8).all())}
+        res["w4a4_fp8_eager"] = {**time_step(lambda: step(model, inputs), **timing),
+                                 "peak_bytes": peak_memory(lambda: step(model, inputs))}
+        if "w4a4" in args.compile:
+            try_compile(model, inputs, timing, "w4a4_fp8_compiled", res, args.compile_scope)
     out["results"] = res
     return out
 
@@ -344,6 +361,11 @@ def table(out: dict) -> str:
     lines.append(f"layer check: {lc['layers']} W4A4 layers vs float64 reference, max rel err {lc['max_rel_err']:.2e} "
                  f"({lc['worst_layer']}), {'all within' if lc['all_ok'] else 'FAILED'} {lc['tolerance']:g}")
     lines.append(f"output rel err W4A4 vs bf16: {out['rel_err_vs_bf16']:.4f} (finite: {out['finite']})")
+    if "fp8" in out:
+        f8, lc8 = out["fp8"], out["fp8"]["layer_check"]
+        lines.append(f"FP8-compute mode: layer check max rel err {lc8['max_rel_err']:.2e} against the mode's reference "
+                     f"({'all within' if lc8['all_ok'] else 'FAILED'} {lc8['tolerance']:g}); output rel err vs bf16 "
+                     f"{f8['rel_err_vs_bf16']:.4f}, vs exact W4A4 {f8['rel_err_vs_w4a4']:.4f} (finite: {f8['finite']})")
     for label, p in (out.get("profile") or {}).items():
         cats = ", ".join(f"{c} {us / 1e3:.1f} ms" for c, us in sorted(p["by_category_us"].items(), key=lambda x: -x[1]))
         lines.append(f"profile {label}: total GPU {p['total_gpu_us'] / 1e3:.1f} ms: {cats}")
@@ -375,6 +397,9 @@ def parse_args(argv=None):
     p.add_argument("--arch", default=None, help="with --plan: the target arch (default: the artifacts' GEMM arch)")
     p.add_argument("--plan", action="store_true", help="no GPU: report which block linears the artifacts serve")
     p.add_argument("--json", default=None)
+    p.add_argument("--fp8", action="store_true",
+                   help="also time the W4A4 model in the FP8-compute mode (sm_90a; artifacts with gemm_w4a4_fp8, "
+                        "e.g. configs/sm90_fp8.yaml)")
     a = p.parse_args(argv)
     a.compile = [s for s in a.compile.split(",") if s]
     return a

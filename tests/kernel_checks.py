@@ -36,7 +36,7 @@ def dump_sass(cubin_path: str, tool: str | None = None) -> str | None:
 
 _INSN = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", re.M)
 _BRA = re.compile(r"\bBRA(?:\.\w+)*\s+(?:`\()?0x([0-9a-f]+)")
-_MMA = re.compile(r"\bHG?MMA\.")
+_MMA = re.compile(r"\b(HG?MMA|QGMMA)\.")      # fp16 / bf16 MMAs, and Hopper's FP8 wgmma (QGMMA)
 _BRA_DIV = re.compile(r"\bBRA\.DIV\s+\w+\s*,\s*(?:`\()?0x([0-9a-f]+)")
 
 
@@ -65,7 +65,7 @@ def divergent_paths(ins: list[tuple[int, str]]) -> set[int]:
 def loops(ins: list[tuple[int, str]]) -> list[dict]:
     """Every backward branch as a loop (except the return branches of `divergent_paths`): its target and
     branch addresses, the instructions from one to the other (divergent paths between them left out), and how
-    many of them are HMMA / HGMMA.  Largest first."""
+    many of them are HMMA / HGMMA / QGMMA.  Largest first."""
     where = {a: i for i, (a, _) in enumerate(ins)}
     skip = divergent_paths(ins)
     out = []

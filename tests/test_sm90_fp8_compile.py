@@ -15,7 +15,7 @@ from svdq_loader.ops import ACT_FP8, GEMM_W4A4_FP8
 cutlass = pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl (the build extra) is not installed")
 
 from svdq_kernels import registry  # noqa: E402
-from kernel_checks import sass_of_cubin  # noqa: E402
+from kernel_checks import instructions, loops, sass_of_cubin  # noqa: E402
 
 ARCH = "sm_90a"
 fam = registry.family("gemm_w4a4_fp8", ARCH)
@@ -98,6 +98,11 @@ def test_compile_gives_fp8_tensor_core_sass_without_local_memory(kw, tmp_path):
     assert "PRMT" in sass and "F2FP.F16.E4M3.UNPACK_B" in sass and "F2FP.SATFINITE.E4M3.F16" in sass
     assert "UBLKCP" in sass                        # the producer bulk-copies the E4M3 stage images
     assert "MOVM.16.MT88" in sass                  # the paired output store
+    # the main loop: the innermost loop with MMAs holds one unrolled step's eight QGMMA and the decode of the next
+    # k-tiles: 475 / 491 instructions at 128 / 208 rows (session 27); the exact 208-row images loop has 248 per eight
+    # HGMMA, at half the MMA rate per value
+    main = min((lp for lp in loops(instructions(sass)) if lp["hmma"]), key=lambda lp: lp["instructions"])
+    assert main["hmma"] == 8 and 400 <= main["instructions"] <= 560, main
 
 
 def test_static_check_wants_the_fp8_mma():
