@@ -121,3 +121,51 @@ def test_act_fp8_compiles_to_one_pass_without_local_memory(tmp_path):
     assert "REDUX.MAX" in sass                     # the row's largest scale byte over the warp
     assert "F2FP.SATFINITE.E4M3.F16" in sass and "STG.E.128" in sass
     assert not re.search(r"\b(STL|LDL)\b", sass)
+
+
+def _run_int_ptx(text: str, word: int) -> int:
+    """Interpret an integer PTX block (mov / and / or / shl / shr / prmt on .b32) on $1 = `word`; returns $0."""
+    body = [ln.strip() for ln in text.strip("{}\n\t ").split("\n") if ln.strip()]
+    regs = {"$1": word}
+
+    def val(x):
+        return regs[x] if x in regs else int(x, 0)
+    for ln in body:
+        if ln.startswith(".reg"):
+            continue
+        m = re.fullmatch(r"(mov|and|or|shl|shr|prmt)\.b32 (\$?\w+), (\$?\w+)(?:, (\$?\w+))?(?:, (\$?\w+))?;", ln)
+        assert m, f"unexpected instruction {ln!r}"
+        op, d, a, b, c = m.groups()
+        if op == "mov":
+            regs[d] = val(a)
+        elif op == "prmt":                      # default mode: selector nibbles 0-3 pick bytes of {b, a}
+            pool = val(a) | (val(b) << 32)
+            sel = val(c)
+            out = 0
+            for i in range(4):
+                nib = (sel >> (4 * i)) & 0xF
+                assert nib < 8, "sign-replicate mode not expected"
+                out |= ((pool >> (8 * nib)) & 0xFF) << (8 * i)
+            regs[d] = out
+        else:
+            x, y = val(a), val(b)
+            if op in ("shl", "shr"):
+                assert 0 <= y < 32
+                regs[d] = (x << y) & 0xFFFFFFFF if op == "shl" else x >> y
+            else:
+                regs[d] = x & y if op == "and" else x | y
+    return regs["$0"]
+
+
+def test_the_emitted_weight_decode_ptx_is_the_formats_decode():
+    """The PTX the kernel is built with (`sm90_fp8_ptx.e2m1_e4m3_ptx`), interpreted instruction by instruction,
+    gives the registers `sm90_fp8_weight_format.decode_word` states (which its CPU test proves exact)."""
+    import numpy as np
+    from svdq_kernels import sm90_fp8_ptx
+    from svdq_loader.ops import sm90_fp8_weight_format as fmt
+    rng = np.random.default_rng(3)
+    words = [0, 0xFFFFFFFF, 0x88888888, 0x77777777] + [int(w) for w in rng.integers(0, 1 << 32, 500)]
+    for high in (0, 1):
+        text = sm90_fp8_ptx.e2m1_e4m3_ptx(high)
+        for w in words:
+            assert _run_int_ptx(text, w) == fmt.decode_word(w)[high], (high, hex(w))
