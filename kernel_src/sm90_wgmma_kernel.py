@@ -44,9 +44,8 @@ Two schedules (knob ``schedule``) run that same arithmetic:
   and 2 only load and decode their weight fragments (two raw sets, two k-tiles ahead), wait on
   ``full``, issue the wgmmas, hand a stage back after the next k-tile's ``wait_group(1)``, and
   run the epilogue while the producer already fills the stages of their next tile (so the LoRA
-  chunk has SMEM of its own).  The experiment build ``SVDQ_KERNEL_SM90_RING=step`` (``RING`` below; not yet timed)
-  takes a loop step's ring stage and parity once, not per k-tile: 13-20 % shorter main loops where the unroll is
-  4 or 8.  ``setmaxnreg`` gives the producer ``WS_PRODUCER_REGS`` and the
+  chunk has SMEM of its own).  The MMA warps take a loop step's ring stage and parity once, not per k-tile
+  (``RING`` below, ``step``: 13-20 % shorter main loops where the unroll is 4 or 8, 0-2 % faster on an H100).  ``setmaxnreg`` gives the producer ``WS_PRODUCER_REGS`` and the
   MMA warps ``WS_CONSUMER_REGS`` out of the launch allocation of 384 x 168 registers.
 * tile_n 192 (``ws``, ``act_source`` images; an experiment form, built and statically checked, not yet run):
   three MMA warpgroups of one 64-row atom each, 512 threads, registers split 24 / 160 out of 512 x 128
@@ -137,12 +136,14 @@ if STREAMK_MEET not in ("last", "owner"):
     raise ValueError(f"SVDQ_KERNEL_SM90_STREAMK_MEET={STREAMK_MEET!r}: the stream-K meeting must be one of last, "
                      f"owner")
 
-#: How the MMA warps' main loop finds its ring stage and parity (an experiment, not yet timed;
-#: ``SVDQ_KERNEL_SM90_RING``): ``modulo``, the default, takes ``ring_slot`` of every k-tile (a signed modulo and
-#: division, about ten instructions each, and seven more for the stage a ``wait_group(1)`` hands back); ``step``
+#: How the MMA warps' main loop finds its ring stage and parity (``SVDQ_KERNEL_SM90_RING``): ``step``, the default,
 #: takes them once per unrolled step (``sm90_plan.ring_step``), after which each k-tile's stage is a trace-time
-#: constant or the base plus its offset (``ring_in_step``, ``ring_prev_stage``).
-RING = os.environ.get("SVDQ_KERNEL_SM90_RING", "modulo")
+#: constant or the base plus its offset (``ring_in_step``, ``ring_prev_stage``); ``modulo``, the earlier form kept
+#: for side-by-side builds, takes ``ring_slot`` of every k-tile (a signed modulo and division, about ten
+#: instructions each, and seven more for the stage a ``wait_group(1)`` hands back).  ``step`` was 0-2 % faster on
+#: an H100 at every images form and shape swept, and every sm_90a variant of its build passed the selftest
+#: (docs/PERF.md, session 27).
+RING = os.environ.get("SVDQ_KERNEL_SM90_RING", "step")
 if RING not in ("modulo", "step"):
     raise ValueError(f"SVDQ_KERNEL_SM90_RING={RING!r}: the sm_90a ring bookkeeping must be one of modulo, step")
 

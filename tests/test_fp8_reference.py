@@ -212,3 +212,17 @@ def test_act_fp8_workspace_reference_matches_the_documented_offsets():
             assert ws[off] == a8[r, kk]
     pad = [act_fp8.image_offset(m, r, kk) for r in range(m, mp) for kk in range(0, k, 37)]
     assert (ws[pad] == 0).all()
+
+
+@needs_torch
+def test_the_torch_reference_agrees_with_the_numpy_one():
+    p = ref.random_problem(37, 64, 384, 16, seed=11)
+    asc, wsc = p["ascales"].view(torch.uint8), p["wscales"].view(torch.uint8)
+    asc[5] = 0                                                     # a row of zero scales
+    want = f8.reference_gemm_w4a4_fp8(p["act"].numpy(), p["wgt"].numpy(), asc.numpy(), wsc.numpy(),
+                                      lora_act_in=p["lora_act_in"].double().numpy(),
+                                      lora_up=p["lora_up"].double().numpy(), wcscale=p["wcscale"].numpy(),
+                                      bias=p["bias"].numpy())
+    got = f8.reference_torch_f64_fp8(p["act"], p["wgt"], p["ascales"], p["wscales"], lora_act_in=p["lora_act_in"],
+                                     lora_up=p["lora_up"], wcscale=p["wcscale"], bias=p["bias"])
+    np.testing.assert_allclose(got.numpy(), want, rtol=0, atol=1e-12 * np.abs(want).max())

@@ -34,7 +34,7 @@ from .reference import (BLOCK, E2M1_MAX, E4M3_MAX, _logical_scales, apply_terms,
                         encode_e4m3)
 
 __all__ = ["pow2_floor", "row_pow2", "scale_pow2", "fp8_operand", "fp8_operands", "reference_gemm_w4a4_fp8",
-           "fp8_distance", "reference_act_fp8_workspace"]
+           "fp8_distance", "reference_act_fp8_workspace", "reference_torch_f64_fp8"]
 
 
 def pow2_floor(x) -> np.ndarray:
@@ -136,3 +136,28 @@ def reference_act_fp8_workspace(act, ascales) -> np.ndarray:
     off = act_fp8.ira_bytes(m) + ((t * mp + rows) * 8 + ((kk // 16) ^ (rows % 8))) * 16 + kk % 16
     out[off] = a8
     return out
+
+
+def reference_torch_f64_fp8(act, wgt, ascales, wscales, *, lora_act_in=None, lora_up=None, wcscale=None,
+                            bias=None):
+    """The mode's output computed with torch on the tensors' own device (float64; for large problems, e.g. a
+    model's layer check on the GPU): the same rules, with torch's own E4M3 cast (round to nearest even; every
+    value is within ±448 by the choice of r, so no saturation is involved).  The numpy
+    `reference_gemm_w4a4_fp8` is the statement; tests/test_fp8_reference.py checks the two agree."""
+    import torch
+    from .reference import E2M1_MAX as _E2M1_MAX, decode_e4m3 as _dec, torch_operand, torch_terms
+    e4m3 = torch.tensor(_dec(np.arange(256, dtype=np.uint8)), dtype=torch.float64, device=act.device)
+
+    def side(packed, scales):
+        v = torch_operand(packed, scales)
+        bound = _E2M1_MAX * e4m3[scales.view(torch.uint8).long()].amax(dim=1)
+        safe = torch.where(bound > 0, bound, torch.full_like(bound, E4M3_MAX))
+        r = torch.exp2(torch.floor(torch.log2(E4M3_MAX / safe)))
+        r = torch.where(safe * r > E4M3_MAX, r / 2, r)
+        r = torch.where(safe * (2 * r) <= E4M3_MAX, 2 * r, r)
+        r = torch.where(bound > 0, r, torch.ones_like(r))
+        return (v * r[:, None]).to(torch.float8_e4m3fn).to(torch.float64), r
+    a8, ra = side(act, ascales)
+    w8, rw = side(wgt, wscales)
+    y = (a8 @ w8.T) / (ra[:, None] * rw[None, :])
+    return torch_terms(y, wcscale=wcscale, bias=bias, lora_act_in=lora_act_in, lora_up=lora_up)

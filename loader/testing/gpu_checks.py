@@ -11,7 +11,7 @@
   (0xFF / NaN) inside larger buffers whose tails must stay untouched.
 * `decode_case`: a ``decode_act`` variant bit for bit against ``reference.reference_images``.
 * ``gemm_case(..., compute="fp8")``: the FP8-compute mode (op ``gemm_w4a4_fp8``) against its own float64
-  reference (``fp8_reference.reference_gemm_w4a4_fp8``, numpy on the CPU), at the exact mode's tolerance;
+  reference (``fp8_reference.reference_torch_f64_fp8``, on the GPU), at the exact mode's tolerance;
   `act_fp8_case`: its pre-pass bit for bit against ``fp8_reference.reference_act_fp8_workspace``.
 
 Each returns a `CaseResult` (never raises on a wrong result; the caller asserts or tabulates).
@@ -74,20 +74,12 @@ def _gpu_seconds(fn, reps: int = 3) -> float:
 
 
 def _fp8_expect(p):
-    """The FP8-compute mode's float64 reference of problem `p` (numpy, CPU) as a CUDA float64 tensor."""
-    from .fp8_reference import reference_gemm_w4a4_fp8
-    torch = _torch()
-
-    def host(t, raw=False):
-        if t is None:
-            return None
-        t = t.detach().cpu()
-        return t.view(torch.uint8).numpy() if raw else t.double().numpy()
-    y = reference_gemm_w4a4_fp8(host(p["act"], True), host(p["wgt"], True), host(p["ascales"], True),
-                                host(p["wscales"], True), lora_act_in=host(p.get("lora_act_in")),
-                                lora_up=host(p.get("lora_up")), wcscale=host(p.get("wcscale")),
-                                bias=host(p.get("bias")))
-    return torch.from_numpy(y).cuda()
+    """The FP8-compute mode's float64 reference of problem `p`, computed with torch on the GPU
+    (``fp8_reference.reference_torch_f64_fp8``: the rules of the numpy statement, which tests/test_fp8_reference.py
+    checks it against, with torch's own E4M3 cast: independent of the kernel)."""
+    from .fp8_reference import reference_torch_f64_fp8
+    return reference_torch_f64_fp8(p["act"], p["wgt"], p["ascales"], p["wscales"], lora_act_in=p.get("lora_act_in"),
+                                   lora_up=p.get("lora_up"), wcscale=p.get("wcscale"), bias=p.get("bias"))
 
 
 def gemm_case(lib, m, n, k, r, dt, wc, b, seed, *, prepared=False, base_seed=0, time_it=False,
@@ -97,7 +89,7 @@ def gemm_case(lib, m, n, k, r, dt, wc, b, seed, *, prepared=False, base_seed=0, 
     what = f"gemm M={m} N={n} K={k} R={r} {dt} wcscale={wc} bias={b} prepared={prepared} compute={compute} seed={seed}"
     p = ref.random_problem(m, n, k, r, seed=seed, out_dtype=dt, wcscale=wc, bias=b, device="cuda")
     if compute == "fp8":
-        expect = _fp8_expect(p)                      # float64 on the CPU, independent of the kernel
+        expect = _fp8_expect(p)                      # float64, on the GPU, independent of the kernel
         prepared = True                              # the mode's weight comes from prepare_weight(compute="fp8")
     else:
         expect = ref.reference_torch_f64(**p)        # float64, on the GPU, independent of the kernel

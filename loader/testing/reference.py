@@ -468,19 +468,25 @@ def reference_torch_f64(
     multiplies in float64; logical scale layout only.  Returns float64 on the
     input device.
     """
-    import torch
+    y = torch_operand(act, ascales) @ torch_operand(wgt, wscales).T
+    return torch_terms(y, wcscale=wcscale, bias=bias, lora_act_in=lora_act_in, lora_up=lora_up)
 
-    dev = act.device
+
+def torch_operand(packed, scales):
+    """float64 [rows, K] of a packed NVFP4 operand and its logical E4M3 scales, on their device (exact)."""
+    import torch
+    dev = packed.device
     e2m1 = torch.tensor(E2M1_VALUES, dtype=torch.float64, device=dev)
     e4m3 = torch.tensor(decode_e4m3(np.arange(256, dtype=np.uint8)), dtype=torch.float64, device=dev)
+    b = packed.view(torch.uint8).long()
+    codes = torch.stack((b & 0xF, b >> 4), dim=-1).reshape(b.shape[0], -1)   # low nibble = even k
+    sc = e4m3[scales.view(torch.uint8).long()].repeat_interleave(BLOCK, dim=1)
+    return e2m1[codes] * sc
 
-    def operand(packed, scales):
-        b = packed.view(torch.uint8).long()
-        codes = torch.stack((b & 0xF, b >> 4), dim=-1).reshape(b.shape[0], -1)   # low nibble = even k
-        sc = e4m3[scales.view(torch.uint8).long()].repeat_interleave(BLOCK, dim=1)
-        return e2m1[codes] * sc
 
-    y = operand(act, ascales) @ operand(wgt, wscales).T
+def torch_terms(y, *, wcscale=None, bias=None, lora_act_in=None, lora_up=None):
+    """`apply_terms` in torch float64 on y's device."""
+    import torch
     if wcscale is not None:
         y = y * wcscale.to(torch.float64)[None, :]
     if bias is not None:
@@ -488,6 +494,7 @@ def reference_torch_f64(
     if lora_act_in is not None:
         y = y + lora_act_in.to(torch.float64) @ lora_up.to(torch.float64).T
     return y
+
 
 def _torch_out_dtype(out_dtype):
     import torch

@@ -200,7 +200,7 @@ class W4A4Linear(nn.Module):
         x̂ = x · (1/smooth rounded to x's dtype), rounded once; codes and scales by the
         rules of `svdq_loader.testing.quantize_ref` (bit-exact with the
         kernel); the GEMM, ``wcscale``, ``bias`` and ``x̂·lora_down·lora_upᵀ``
-        in float64.  In the FP8-compute mode, the mode's math instead (`fp8_reference`, numpy on the CPU).
+        in float64.  In the FP8-compute mode, the mode's math instead (`fp8_reference.reference_torch_f64_fp8`).
         """
         from svdq_loader.testing import torch_quant
         from svdq_loader.testing.reference import reference_torch_f64
@@ -212,12 +212,9 @@ class W4A4Linear(nn.Module):
             la = xh.to(torch.float64) @ self.lora_down.to(torch.float64)
             lu = self.lora_up
         if self.compute == "fp8":
-            from svdq_loader.testing.fp8_reference import reference_gemm_w4a4_fp8
-            host = lambda t, raw=False: None if t is None else (  # noqa: E731
-                t.detach().cpu().view(torch.uint8).numpy() if raw else t.detach().cpu().double().numpy())
-            y = torch.from_numpy(reference_gemm_w4a4_fp8(
-                host(act, True), host(self.qweight, True), host(ascales, True), host(self.wscales, True),
-                lora_act_in=host(la), lora_up=host(lu), wcscale=host(self.wcscale), bias=host(self.bias))).to(x.device)
+            from svdq_loader.testing.fp8_reference import reference_torch_f64_fp8
+            y = reference_torch_f64_fp8(act, self.qweight, ascales, self.wscales, lora_act_in=la, lora_up=lu,
+                                        wcscale=self.wcscale, bias=self.bias)
         else:
             y = reference_torch_f64(act, self.qweight, ascales, self.wscales, lora_act_in=la, lora_up=lu,
                                     wcscale=self.wcscale, bias=self.bias)
