@@ -9,6 +9,9 @@ the column's power of two ``rw`` folded in); the activations arrive as E4M3 stag
 input in this mode, `prepare_weight`) and ``1 / ra``, then adds the LoRA (fp16 / bf16 wgmma, as in the exact mode)
 and the bias.  The mode's numerics: docs/design.md section 2, ``svdq_loader.testing.fp8_reference``.
 
+Ran on an H100 in session 27 (docs/PERF.md): the selftest of every variant passed; fp16 output from K = 12288 on
+misses the exact mode's tolerance (the FP8 tensor cores' accumulation; docs/design.md section 2).
+
 Forms: the images ``ws`` tile of 128 or 208 activation rows by 128 weight rows, four stages, two raw weight sets.
 The 224- and 256-row tiles keep stack frames (measured on the CPU, session 27: the FP8 decode's eight weight words
 and four scale words per raw set, against four and two in the exact mode), and so does the 208-row one from rank 64
@@ -52,8 +55,8 @@ FEATURE_VALUES: dict[str, tuple] = dict(
 #: the largest tile_m per rank that compiles without a stack frame (CPU, session 27)
 _MAX_TILE_M = {0: 208, 16: 208, 32: 208, 48: 208}
 
-#: M <= 512: the 128-row tile (more CTAs where 208-row tiles would leave SMs idle); above, the taller one.  Not yet
-#: timed on a GPU: a first rule, to be fitted to the H200 as the exact family's was.
+#: M <= 512: the 128-row tile (more CTAs where 208-row tiles would leave SMs idle); above, the taller one.  A first
+#: rule, not yet fitted to a sweep of both tiles (session 27 timed only the loader's picks, on an H100).
 SELECTION = [
     {"m_max": 512, "priority": 0, "prefer": [{"knob": "tile_m", "order": "asc"}, {"knob": "stages", "order": "desc"}]},
     {"m_max": None, "priority": 0, "prefer": [{"knob": "tile_m", "order": "desc"},

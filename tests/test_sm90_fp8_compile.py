@@ -3,7 +3,7 @@
 register A operand, the one-rounding conversions, no local memory), their validity predicates and config sections.
 
 Needs the build extra (``nvidia-cutlass-dsl``); skipped without it.  Nothing here ran on a GPU: the numerics of
-these kernels are checked on the H200 by ``svdq-aot selftest`` (tests/test_gpu_gemm.py's FP8 cases)."""
+these kernels are checked on a GPU by ``svdq-aot selftest`` and tests/test_gpu_fp8.py (run on an H100, session 27)."""
 from __future__ import annotations
 
 import re
