@@ -493,7 +493,8 @@ def _csv(kind):
 @click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="table file to write (default: DIR/tuning.json, where the loader reads it)")
 @click.option("--json", "as_json", is_flag=True, help="print the table as JSON instead of a summary")
-@click.option("--op", type=click.Choice(["gemm_w4a4", "quantize_act", "all"]), default="all", show_default=True)
+@click.option("--op", type=click.Choice(["gemm_w4a4", "gemm_w4a4_fp8", "quantize_act", "all"]), default="all",
+              show_default=True)
 @click.option("--m", "ms", callback=_csv(int), default=None,
               help="Ms to measure, each in its M bucket (default: 16,64,256,1024,4608,9728 for the GEMM, "
                    "256,4608 for quantize_act)")

@@ -45,8 +45,13 @@ Two schedules (knob ``schedule``) run that same arithmetic:
   ``full``, issue the wgmmas, hand a stage back after the next k-tile's ``wait_group(1)``, and
   run the epilogue while the producer already fills the stages of their next tile (so the LoRA
   chunk has SMEM of its own).  The MMA warps take a loop step's ring stage and parity once, not per k-tile
-  (``RING`` below, ``step``: 13-20 % shorter main loops where the unroll is 4 or 8, 0-2 % faster on an H100).  ``setmaxnreg`` gives the producer ``WS_PRODUCER_REGS`` and the
-  MMA warps ``WS_CONSUMER_REGS`` out of the launch allocation of 384 x 168 registers.
+  (``RING`` below, ``step``: 13-20 % shorter main loops where the unroll is 4 or 8, 0-2 % faster on an H100).
+  ``setmaxnreg`` gives the producer ``WS_PRODUCER_REGS`` and the MMA warps ``WS_CONSUMER_REGS`` out of the launch
+  allocation of 384 x 168 registers.
+* The FP8-compute mode (``_Cfg.compute == "fp8"``; family ``sm90_wgmma_w4a4_fp8``, docs/design.md sections 2 and 4.0):
+  the images ``ws`` schedule with E4M3 operands, ``wgmma.m64nNk32`` E4M3 x E4M3, 128-k k-tiles, the weight rounded
+  once to E4M3 in registers with its scale and ``rw`` folded in (``_decode_w_fp8``), and an epilogue that multiplies
+  by ``1 / ra`` per activation row (``_fp8_col_scale``) before the coefficient, the LoRA and the bias.
 * tile_n 192 (``ws``, ``act_source`` images; an experiment form, built and statically checked, not yet run):
   three MMA warpgroups of one 64-row atom each, 512 threads, registers split 24 / 160 out of 512 x 128
   (``sm90_plan.ws_regs``).  At M = 1024, N = 3072 its 128 x 192 tiles make one wave of 128 CTAs on 132 SMs, each

@@ -34,7 +34,10 @@ from .select_rules import rule_for
 from .tuning_table import Entry, TuningTable
 
 #: Ms measured per op when none are given: each M bucket gets those inside it.
-DEFAULT_M = {"gemm_w4a4": (16, 64, 256, 1024, 4608, 9728), "quantize_act": (256, 4608)}
+DEFAULT_M = {"gemm_w4a4": (16, 64, 256, 1024, 4608, 9728), "gemm_w4a4_fp8": (256, 1024, 4608, 9728),
+             "quantize_act": (256, 4608)}
+#: The operators tune measures (the public ones; a pre-pass op runs inside its GEMM's calls)
+TUNED_OPS = tuple(DEFAULT_M)
 MIN_GAIN = 0.02
 #: At most this many input copies per problem (the bench stops at 64, which leaves a small problem's
 #: inputs partly L2-resident; small copies are cheap, and a pass must move more than twice the L2).
@@ -86,7 +89,7 @@ def plan(variants, rules, arch: str, shapes, *, ops=None, ms=None, dtypes=None, 
     `shapes`: [(name, K, N)]; `ms`: Ms to measure (default `DEFAULT_M` per op), each falling in its bucket;
     `dtypes`, `ranks`: keep only these feature values (None: all built)."""
     jobs, skipped = [], []
-    for op in ops or OPS:
+    for op in ops or TUNED_OPS:
         spec = OPS[op]
         mine = [v for v in variants if v.op == op and v.arch == arch]
         if not mine:
@@ -193,7 +196,8 @@ def _inputs(lib, op: str, feats: dict, dims: dict, l2: int, seed: int, dev: str 
         return (torch.randn(s, device=dev, generator=g) * scale).to(tdt)
 
     m, k, r = dims["m"], dims["k"], feats["rank"]
-    if op == "gemm_w4a4":
+    if op in ("gemm_w4a4", "gemm_w4a4_fp8"):
+        mode = {} if op == "gemm_w4a4" else dict(compute="fp8")
         n, tdt, layout = dims["n"], _tdtype(feats["out_dtype"]), feats["scale_layout"]
         per = m * k // 2 + m * k // 16 + n * k // 2 + n * k // 16 + 2 * r * (m + n) + 8 * n + 2 * m * n
         sets = []
@@ -201,7 +205,7 @@ def _inputs(lib, op: str, feats: dict, dims: dict, l2: int, seed: int, dev: str 
             w = lib.prepare_weight(u8(n, k // 2), scales(scale_shape(layout, n, k)),
                                    lora_up=half(n, r) if r else None,
                                    wcscale=torch.rand(n, device=dev, generator=g) + 0.5 if feats["wcscale"] else None,
-                                   bias=torch.randn(n, device=dev, generator=g) if feats["bias"] else None)
+                                   bias=torch.randn(n, device=dev, generator=g) if feats["bias"] else None, **mode)
             sets.append((u8(m, k // 2), w, scales(scale_shape(layout, m, k)), half(m, r) if r else None,
                          torch.empty(m, n, dtype=tdt, device=dev)))
 
@@ -276,5 +280,5 @@ def tune(lib, shapes, *, ops=None, ms=None, dtypes=None, ranks=None, settings=No
     return make_table(lib.manifest, entries, measured_on(lib, ordinal), method, source), skipped
 
 
-__all__ = ["DEFAULT_M", "MIN_GAIN", "Job", "m_buckets", "plan", "pick_winner", "entry_for", "make_table",
+__all__ = ["DEFAULT_M", "TUNED_OPS", "MIN_GAIN", "Job", "m_buckets", "plan", "pick_winner", "entry_for", "make_table",
            "measure", "tune", "measured_on"]

@@ -71,21 +71,40 @@ def test_the_images_launcher_allocates_the_prepass_workspace():
     assert "split the call along M" in act_fp8.image_size_problem(1 << 17, 1 << 15)
 
 
-def test_selection_keeps_the_modes_apart():
-    """An exact call never gets an FP8 variant and the other way round: the mode is the operator."""
+def _fp8_config_entries():
+    """The variants of configs/sm90_fp8.yaml as the fields selection and tune read of manifest entries."""
+    from pathlib import Path
+
     from svdq_aot.config import load_config
     from svdq_aot.variants import enumerate_variants
-    pytest.importorskip("cutlass")
-    from pathlib import Path
+    from svdq_kernels import registry
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "sm90_fp8.yaml")
     valid, _ = enumerate_variants(cfg)
 
-    class E:                      # the fields selection reads of a manifest entry
+    class E:
         def __init__(self, v):
             self.name, self.op, self.arch, self.knobs = v.name, v.op, v.arch, v.knob_dict
-            from svdq_kernels import registry
-            self.requirements = registry.family(v.op, v.arch).requirements(v.arch, v.knob_dict)
-    entries = [E(v) for v in valid]
+            fam = registry.family(v.op, v.arch)
+            self.requirements = fam.requirements(v.arch, v.knob_dict)
+            self.family = fam.NAME
+    return [E(v) for v in valid]
+
+
+def test_tune_plans_the_public_operators_of_both_modes():
+    """`svdq-aot tune` measures gemm_w4a4, gemm_w4a4_fp8 and quantize_act; a pre-pass op (decode_act, act_fp8)
+    is never a job of its own (it runs inside its GEMM's calls)."""
+    pytest.importorskip("cutlass")
+    from svdq_loader import tune
+    assert set(tune.TUNED_OPS) == {"gemm_w4a4", "gemm_w4a4_fp8", "quantize_act"}
+    jobs, _ = tune.plan(_fp8_config_entries(), {}, "sm_90a", [("attn_out", 3072, 3072)])
+    assert {j.op for j in jobs} == {"gemm_w4a4", "gemm_w4a4_fp8"}
+    assert all(set(j.candidates) <= {e.name for e in _fp8_config_entries() if e.op == j.op} for j in jobs)
+
+
+def test_selection_keeps_the_modes_apart():
+    """An exact call never gets an FP8 variant and the other way round: the mode is the operator."""
+    pytest.importorskip("cutlass")
+    entries = _fp8_config_entries()
     feats = ("bf16", 32, True, True, "logical")
     for op in ("gemm_w4a4", "gemm_w4a4_fp8"):
         for m in (1, 64, 1024, 4608):

@@ -2,8 +2,8 @@
 
 Skipped where no CUDA GPU exists (CI), and where the artifacts hold no ``gemm_w4a4_fp8`` variants (a build of
 ``configs/sm90_fp8.yaml`` has them).  Every GEMM case: fresh random inputs, the output poisoned with NaN inside a
-larger buffer with guard rows, checked against the mode's own float64 reference (`fp8_reference`, in torch on the GPU) at the exact
-mode's tolerance; the pre-pass bit for bit against its reference workspace.  Then the mode's distance from the exact
+larger buffer with guard rows, checked against the mode's own float64 reference (`fp8_reference`, in torch on the GPU)
+at the exact mode's tolerance; the pre-pass bit for bit against its reference workspace.  Then the mode's distance from the exact
 operator on the same inputs, which must be the size of one E4M3 rounding per operand and never zero.
 """
 from __future__ import annotations

@@ -545,8 +545,8 @@ def test_the_streamk_meeting_switch_names_its_values():
 
 @pytest.mark.parametrize("tile_m, wsets, cut", [(64, 8, 0.15), (208, 4, 0.12), (64, 4, 0.12)])
 def test_the_step_ring_takes_the_stages_once_per_loop_step(tile_m, wsets, cut, tmp_path, monkeypatch):
-    """SVDQ_KERNEL_SM90_RING=step (the default since session 27): the MMA warps' main loop keeps its wgmmas and loses the
-    per-k-tile signed modulo and division of `ring_slot` (ptxas: an arithmetic shift right by 31 feeding a
+    """SVDQ_KERNEL_SM90_RING=step (the default since session 27): the MMA warps' main loop keeps its wgmmas and loses
+    the per-k-tile signed modulo and division of `ring_slot` (ptxas: an arithmetic shift right by 31 feeding a
     LEA.HI), at least `cut` of its instructions (session 25 counted 19 % / 15 % / 18 %), with no stack frame."""
     from kernel_checks import instructions, loops
     from svdq_kernels import sm90_wgmma_kernel as kern

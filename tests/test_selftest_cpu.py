@@ -136,7 +136,8 @@ def test_pinning_key_is_the_one_a_call_looks_up(monkeypatch):
                  tile_m=256, tile_n=128, ab_stages=5)
     case = S.Case("gemm_w4a4", dict(m=m, n=n, k=k))
     assert S._features("gemm_w4a4", knobs) == call.features
-    assert S._call_features("gemm_w4a4", S._features("gemm_w4a4", knobs), dict(wc=True, b=False)) == call.features
+    feats = S._features("gemm_w4a4", knobs)
+    assert S._call_features("gemm_w4a4", feats, dict(wc=True, b=False)) == call.features
     w0 = gemm_op.prepare_weight(torch.zeros(n, k // 2, dtype=torch.uint8), torch.ones(n, k // 16).to(torch.float8_e4m3fn),
                                 lora_up=w.lora_up, arch="sm_100a")
     call0 = gemm_op.plan_call("sm_100a", torch.zeros(m, k // 2, dtype=torch.uint8), w0,

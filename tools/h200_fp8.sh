@@ -14,7 +14,8 @@ ART=${1:-artifacts_fp8}
 OUT=${OUT:-/tmp/svdq-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { tail -20 "$OUT/install.log"; exit 1; }
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 \
+    || { tail -20 "$OUT/install.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 for op in act_fp8 gemm_w4a4_fp8; do
     timeout "${T_SELFTEST:-150}" python3 -m svdq_loader.testing.selftest "$ART" --require-gpu --op $op \

@@ -22,5 +22,5 @@ def op_spec(name: str) -> OpSpec:
         raise KeyError(f"unknown operator {name!r}; known: {', '.join(OPS)}") from None
 
 
-__all__ = ["OPS", "op_spec", "OpSpec", "Feature", "PTR_ALIGN", "variant_name", "GEMM_W4A4", "QUANTIZE_ACT", "DECODE_ACT",
-           "ACT_FP8", "GEMM_W4A4_FP8"]
+__all__ = ["OPS", "op_spec", "OpSpec", "Feature", "PTR_ALIGN", "variant_name", "GEMM_W4A4", "QUANTIZE_ACT",
+           "DECODE_ACT", "ACT_FP8", "GEMM_W4A4_FP8"]

@@ -166,6 +166,6 @@ def _act_fp8_bytes(m: int, k: int) -> int:
 #: The workspace bytes of each pre-pass op (the first part of an images GEMM call's workspace).
 WORKSPACE_BYTES_BY_PREPASS = {"decode_act": image_bytes, "act_fp8": _act_fp8_bytes}
 
-__all__ = ["SPEC", "WORKSPACE_BYTES_BY_PREPASS", "IMAGE_BYTES_LIMIT", "IMAGE_COVER_ROWS", "IMAGE_ROW_BLOCK", "IMAGE_TILE_ROWS", "IMAGE_K", "IMAGE_SCALE_LOG2", "image_rows", "image_rows_by",
-           "image_bytes",
-           "image_size_problem", "image_offset", "ImagesLauncher"]
+__all__ = ["SPEC", "WORKSPACE_BYTES_BY_PREPASS", "prepass_spec", "workspace_size_problem",
+           "IMAGE_BYTES_LIMIT", "IMAGE_COVER_ROWS", "IMAGE_ROW_BLOCK", "IMAGE_TILE_ROWS", "IMAGE_K", "IMAGE_SCALE_LOG2",
+           "image_rows", "image_rows_by", "image_bytes", "image_size_problem", "image_offset", "ImagesLauncher"]
