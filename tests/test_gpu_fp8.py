@@ -35,8 +35,9 @@ def _ranks(lib):
 #: Hopper's FP8 tensor cores keep fewer bits than fp32 while they accumulate: the mode's distance from its float64
 #: reference grows like sqrt(K) (an H100, session 27, fp16 output: 4.3e-4 at K = 768, 9.4e-4 at 3072, 2.2e-3 at
 #: 12288, 2.5e-3 at 15360; the exact mode 2.1e-4 at every K).  From K = 12288 on it exceeds the exact mode's fp16
-#: tolerance (2e-3), which the mode is held to; adding each k-tile's sum into fp32 registers would fix it and is not
-#: built yet.  Strict: these cases fail the run once they pass, so the mark goes when the fix lands.
+#: tolerance (2e-3), which the mode is held to.  Adding each k-tile's sum into an fp32 sum would fix it; a second
+#: register set spilled (session 27), so it needs SMEM, not built yet.  Strict: these cases fail the run once they
+#: pass, so the mark goes when the fix lands.
 _ACCUMULATION = pytest.mark.xfail(strict=True, reason="FP8 wgmma accumulation precision at K >= 12288 (fp16 "
                                                      "tolerance); promotion to fp32 not built yet")
 
