@@ -6,6 +6,8 @@ and every number a rejection gives comes from here.
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 from typing import Optional
 
 from svdq_loader.ops.decode_act import IMAGE_TILE_ROWS
@@ -76,11 +78,29 @@ def k_tile(cfg: _Cfg) -> int:
 FP8_SCHEDULES = ("ws",)
 
 
+#: The FP8-compute MMA warps' weight fragment buffers (an experiment, built and checked on the CPU, not yet run;
+#: ``SVDQ_KERNEL_SM90_FP8_BUFFERS``, which like every ``SVDQ_KERNEL_*`` switch enters the build cache key and the
+#: manifest): 2, the default, decodes k-tile kt + 1 after k-tile kt - 1's wgmmas are done (its buffer is the one kt + 1
+#: takes), so the decode sits between two k-tiles' MMAs; 3 decodes it right after k-tile kt's wgmmas are issued, into
+#: the buffer k-tile kt - 2 used, so it overlaps the MMAs of kt - 1 and kt (session 27: the FP8 main loop holds twice
+#: the exact one's decode per MMA cycle, and its GEMM issued on 37 % of cycles on an H100).
+FP8_BUFFERS = int(os.environ.get("SVDQ_KERNEL_SM90_FP8_BUFFERS", "2"))
+if FP8_BUFFERS not in (2, 3):
+    raise ValueError(f"SVDQ_KERNEL_SM90_FP8_BUFFERS={FP8_BUFFERS}: the FP8-compute fragment buffers must be 2 or 3")
+
+
+def frag_buffers(cfg: _Cfg) -> int:
+    """Weight fragment buffers of the MMA warps: two, or `FP8_BUFFERS` in the FP8-compute mode."""
+    return FP8_BUFFERS if cfg.compute == "fp8" else 2
+
+
 def k_unroll(cfg: _Cfg) -> int:
     """k-tiles per unrolled step of the main loops: two (the fragment double buffer), or the deepest register
     rotation, the MMA warps' weight sets or the producer's raw activation sets (more than two only in a ws
-    producer that decodes NVFP4: `_problem`)."""
-    return loop_unroll(cfg.wsets, cfg.prefetch)
+    producer that decodes NVFP4: `_problem`); with three fragment buffers (`frag_buffers`), a multiple of three."""
+    u = loop_unroll(cfg.wsets, cfg.prefetch)
+    nbuf = frag_buffers(cfg)
+    return u if nbuf == 2 else u * nbuf // math.gcd(u, nbuf)
 
 
 def _lora_chunk(rank: int) -> int:

@@ -114,8 +114,8 @@ from .sm90_decode_ptx import (_adecode, _adecode_prmt, _bcast, _bulk_g2s, _byte_
                               _ld_relaxed_v4f, _st_v4f, _sts_v4f, _wdecode, weight_scales_x128)
 from .sm90_epilogue_ptx import pair_blocks, store_yt_pairs
 from .sm90_fp8_ptx import block_mults, e2m1_e4m3_reg, f16x2_of, round_scaled
-from .sm90_plan import (TILE_K, THREADS, _Cfg, _lora_chunk, _problem, k_tile, mma_warpgroups, ws_regs,
-                        _smem_plan, is_streamk, is_ws, k_unroll, ksplit_of, ring_aligned, ring_in_step,
+from .sm90_plan import (TILE_K, THREADS, _Cfg, _lora_chunk, _problem, frag_buffers, k_tile, mma_warpgroups,
+                        ws_regs, _smem_plan, is_streamk, is_ws, k_unroll, ksplit_of, ring_aligned, ring_in_step,
                         ring_prev_stage, ring_slot, ring_step, split_k_share, threads_of)
 from .quantize_ptx import _arrive, _fence_gpu, _lds_u32, _st_u64, _sts_u32, _wait_arrivals
 from svdq_loader.ops.gemm_streamk import segment as streamk_segment
@@ -227,6 +227,7 @@ class _Sm90Wgmma:
         self.ab = Float8E4M3FN if self.fp8 else Float16
         self.kstep = 32 if self.fp8 else 16           # k per wgmma
         self.wwords, self.swords = (8, 4) if self.fp8 else (4, 2)
+        self.nbuf = frag_buffers(cfg)                 # weight fragment buffers of the MMA warps (2, or 3: FP8)
 
     @cute.jit
     def __call__(self, act: cute.Pointer, ascales: cute.Pointer, wgt: cute.Pointer, wscales: cute.Pointer,
@@ -289,7 +290,7 @@ class _Sm90Wgmma:
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sA))
         # a thread's A values per atom and wgmma: eight fp16 (four registers), or sixteen E4M3 (four registers)
         frag_shape = ((4 if self.fp8 else 2, 2, 2), self.atoms, self.ktile // self.kstep)
-        fragA = (tiled_mma.make_fragment_A(frag_shape), tiled_mma.make_fragment_A(frag_shape))
+        fragA = tuple(tiled_mma.make_fragment_A(frag_shape) for _ in range(self.nbuf))
         fragW = tuple(cute.make_tensor(cute.recast_ptr(f.iterator, dtype=Int32),
                                        cute.make_layout(16 * self.atoms)) for f in fragA)
         acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((tn, tm)), Float32)
@@ -643,7 +644,7 @@ class _Sm90Wgmma:
                         ring0 = ring_step(gs, S)
                     for u in cutlass.range_constexpr(U):
                         kt = ktu + u
-                        half = u % 2                # the fragment buffer of k-tile kt
+                        half = u % self.nbuf        # the fragment buffer of k-tile kt (U is a multiple of nbuf)
                         g = g0 + kt
                         if cutlass.const_expr(step):
                             stage, par = ring_in_step(ring0, u, S, U)
@@ -654,6 +655,14 @@ class _Sm90Wgmma:
                         for kb in cutlass.range_constexpr(self.ktile // self.kstep):
                             cute.gemm(tiled_mma, acc, fragA[half][None, None, kb], tCrB[None, None, kb, stage], acc)
                         warpgroup.commit_group()
+                        ws_ = (u + 1) % W
+                        nbuf = self.nbuf
+                        if cutlass.const_expr(nbuf == 3):
+                            # three buffers: k-tile kt+1's takes k-tile kt-2's buffer, whose wgmmas are done
+                            # (the last wait_group(1) retired kt-2), so its decode overlaps the MMAs of kt-1 and kt
+                            self._decode_w(fragW[(u + 1) % nbuf], wraw[ws_], wsc[ws_], r2)
+                            nxt = cutlass.min(kt + 1 + W, nk_t - 1)
+                            self._load_w(mWq, mWs, wblk, num_kt, ctid, _k(kabs_t, nxt), wraw[ws_], wsc[ws_])
                         warpgroup.wait_group(1)     # k-tile kt-1 is done: its stage goes back to the producer
                         if cutlass.const_expr(u > 0):
                             if lane == 0:
@@ -662,11 +671,11 @@ class _Sm90Wgmma:
                             if ktu > 0:
                                 if lane == 0:
                                     self._hand_back(bars, g, ring0 if step else None, u)
-                        # k-tile kt+1 (raw set (u+1) mod W) -> fragments 1-half; then k-tile kt+1+W into that set
-                        ws_ = (u + 1) % W
-                        self._decode_w(fragW[1 - half], wraw[ws_], wsc[ws_], r2)
-                        nxt = cutlass.min(kt + 1 + W, nk_t - 1)
-                        self._load_w(mWq, mWs, wblk, num_kt, ctid, _k(kabs_t, nxt), wraw[ws_], wsc[ws_])
+                        if cutlass.const_expr(nbuf == 2):
+                            # k-tile kt+1 (raw set (u+1) mod W) -> fragments 1-half; then k-tile kt+1+W into that set
+                            self._decode_w(fragW[1 - half], wraw[ws_], wsc[ws_], r2)
+                            nxt = cutlass.min(kt + 1 + W, nk_t - 1)
+                            self._load_w(mWq, mWs, wblk, num_kt, ctid, _k(kabs_t, nxt), wraw[ws_], wsc[ws_])
                 if cutlass.const_expr(KS == 1 and self.early and not self.sk):
                     # the affine's loads overlap the last wgmmas (under split K they would live through the reduction)
                     affine = self._load_affine(p_wc, p_bias, n, n0, ctid, cwg)

@@ -23,6 +23,7 @@ from typing import Optional
 
 from . import sm90_wgmma_w4a4 as exact
 from .compiled_output import cubin_resource_usage, refuse_invalid
+from . import sm90_plan
 from .sm90_plan import FP8_TILE_K, SMEM_LIMIT_BYTES, _cfg_of, _problem, _smem_plan, k_unroll, threads_of
 from .sm90_wgmma_kernel import _Sm90Wgmma
 
@@ -108,6 +109,10 @@ def invalid_reason(arch: str, knobs: dict) -> Optional[str]:
     if problems:
         return problems
     rank, tm = int(knobs["rank"]), int(knobs["tile_m"])
+    if tm == 128 and sm90_plan.FP8_BUFFERS == 3:
+        return (f"tile_m 128 with SVDQ_KERNEL_SM90_FP8_BUFFERS=3 (an experiment build): a third weight fragment "
+                f"buffer leaves the 128-row tile an 8-byte stack frame (measured on the CPU, session 27: ranks 32 and "
+                f"128); the 208-row tile takes it at ranks 0-48")
     if tm > 128 and tm > _MAX_TILE_M.get(rank, 128):
         return (f"tile_m {tm} at rank {rank}: the FP8-compute MMA warps hold eight weight words and four scale words "
                 f"per raw set (twice the exact mode's) beside {tm // 2} accumulators, and ptxas keeps a stack frame "

@@ -169,3 +169,36 @@ def test_the_emitted_weight_decode_ptx_is_the_formats_decode():
         text = sm90_fp8_ptx.e2m1_e4m3_ptx(high)
         for w in words:
             assert _run_int_ptx(text, w) == fmt.decode_word(w)[high], (high, hex(w))
+
+
+def test_three_fragment_buffers_move_the_decode_off_the_critical_path(tmp_path, monkeypatch):
+    """SVDQ_KERNEL_SM90_FP8_BUFFERS=3 (an experiment build, not yet run): the MMA warps decode k-tile kt + 1 right
+    after issuing k-tile kt, into k-tile kt - 2's buffer.  At 208 rows it builds without a stack frame, the loop
+    step is six k-tiles (24 QGMMA; K a multiple of 768), and no full wgmma wait sits inside it; the 128-row tile
+    is refused with its measured stack frame."""
+    from svdq_kernels import sm90_plan
+    monkeypatch.setattr(sm90_plan, "FP8_BUFFERS", 3)
+    assert "8-byte stack frame" in fam.invalid_reason(ARCH, knobs(tile_m=128))
+    k = knobs(tile_m=208, rank=32)
+    assert fam.invalid_reason(ARCH, k) is None
+    assert fam.requirements(ARCH, k) == {"n_multiple": 128, "k_multiple": 768}
+    name = GEMM_W4A4_FP8.name_for(ARCH, k, fam.requirements(ARCH, k))
+    ck = fam.compile(ARCH, k, name, str(tmp_path))
+    assert ck.resource_usage[ck.kernel_symbols[0]]["stack_frame_bytes"] == 0
+    sass = sass_of_cubin(ck.cubin, tmp_path)
+    main = min((lp for lp in loops(instructions(sass)) if lp["hmma"]), key=lambda lp: lp["instructions"])
+    assert main["hmma"] == 24
+    ops = re.findall(r"(QGMMA\.\S+ R\d+, R\d+|WARPGROUP\.DEPBAR\.LE gsb0, 0x0)", sass)
+    first = next(i for i, o in enumerate(ops) if o.startswith("QGMMA"))
+    last = max(i for i, o in enumerate(ops) if o.startswith("QGMMA"))
+    assert not [o for o in ops[first:last] if o.startswith("WARPGROUP")], "main-loop wgmmas serialised"
+
+
+def test_the_buffers_switch_names_its_values():
+    import os
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", "import svdq_kernels.sm90_plan"], capture_output=True, text=True,
+                       env=dict(os.environ, SVDQ_KERNEL_SM90_FP8_BUFFERS="4"))
+    assert r.returncode != 0
+    assert "SVDQ_KERNEL_SM90_FP8_BUFFERS=4: the FP8-compute fragment buffers must be 2 or 3" in r.stderr
