@@ -9,7 +9,8 @@
 #    call (the sweep still checks every output against the eager pipeline; a winner gets its selftest before it
 #    ships);
 # 2. tools/sm90_sweep.py BASE EXP ...: each variant of every folder timed on the same inputs in the same run, every
-#    output checked (SWEEP_M, SWEEP_MATCH and SWEEP_ARGS choose the M values, the forms and more options);
+#    output checked (SWEEP_M, SWEEP_MATCH and SWEEP_ARGS choose the M values, the forms and more options; the
+#    FP8-compute mode's builds: SELFTEST_OP=gemm_w4a4_fp8 SWEEP_ARGS="--compute fp8");
 # 3. unless NCU=0, ncu of one M = 1024 attn_out call (K = N = 3072) per folder, the loader's own pick: GEMM
 #    duration and tensor-pipe activity.
 # Everything lands in $OUT; docs/PERF.md (sessions 23 and 24) names the pending experiments.
@@ -32,7 +33,8 @@ if [ $# -eq 1 ] || [ "${SELFTEST_BASE:-0}" = 1 ]; then TESTED=("$BASE" "${@:2}")
 if [ "${SELFTEST:-1}" = 0 ]; then TESTED=(); fi      # a first look: the sweep's output checks only
 for EXP in "${TESTED[@]}"; do
     log="$OUT/selftest_$(basename "$EXP").log"
-    timeout "${T_SELFTEST:-200}" python3 -m svdq_loader.testing.selftest "$EXP" --require-gpu --op gemm_w4a4 >"$log" 2>&1
+    timeout "${T_SELFTEST:-200}" python3 -m svdq_loader.testing.selftest "$EXP" --require-gpu \
+        --op "${SELFTEST_OP:-gemm_w4a4}" >"$log" 2>&1
     echo "selftest $EXP exit $?"; tail -2 "$log"
 done
 timeout "${T_SWEEP:-300}" python3 tools/sm90_sweep.py "$@" --m "${SWEEP_M:-64,256,1024,4608}" \

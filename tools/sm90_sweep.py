@@ -2,11 +2,12 @@
 same run (tuning data for docs/PERF.md and the selection rules).
 
     python3 tools/sm90_sweep.py ARTIFACTS [ARTIFACTS ...] [--m 256,1024,4608] [--kn 3072x3072,3072x12288,12288x3072]
-        [--rank 32] [--json F] [--quick] [--match TEXT ...]
+        [--rank 32] [--json F] [--quick] [--match TEXT ...] [--compute fp8]
 
 Bypasses selection: each variant's launcher is driven directly with the arguments the loader would build.
 Every variant's output is checked once per shape against the eager torch W4A4 pipeline (relative error
-below 1e-2, finite); a variant that fails the check is reported and not timed.  Inputs rotate over enough
+below 1e-2, finite; with --compute fp8 the gemm_w4a4_fp8 variants, below the mode's 6e-2); a variant that fails the
+check is reported and not timed.  Inputs rotate over enough
 copies that one pass moves more than twice the L2 (weights included), as in `svdq-aot bench`.
 With several artifact folders (e.g. a build with a kernel switch such as SVDQ_KERNEL_SM90_WDECODE=shift beside a
 plain one), every variant of each is timed on the same inputs in the same run; rows name their folder, and two
@@ -108,6 +109,9 @@ def main(argv=None) -> int:
     ap.add_argument("--affine", choices=("on", "off"), default="on",
                     help="on: variants built with wcscale and bias, called with both; off: variants built without "
                          "either, called without them")
+    ap.add_argument("--compute", choices=("exact", "fp8"), default="exact",
+                    help="the GEMM's compute mode: fp8 times the gemm_w4a4_fp8 variants (their outputs checked against "
+                         "the exact eager pipeline within the mode's distance, the bench's 6e-2)")
     ap.add_argument("--match", action="append", default=[],
                     help="time only variants whose knob summary (as printed) contains this text; repeatable, all "
                          "must match")
@@ -120,12 +124,16 @@ def main(argv=None) -> int:
     lib = libs[a.artifacts[0]]               # prepares the weights (one format for every sm_90a build)
     tdt = bench._dtype(a.dtype)
     affine = a.affine == "on"
+    op = "gemm_w4a4_fp8" if a.compute == "fp8" else "gemm_w4a4"
+    tol = bench.FP8_CHECK_TOL if a.compute == "fp8" else 1e-2
+    from svdq_loader.ops import op_spec
+    spec = op_spec(op)
     cands = [(folder, e) for folder, lb in libs.items() for e in lb.variants
-             if e.op == "gemm_w4a4" and e.arch == "sm_90a" and e.knobs["rank"] == a.rank
+             if e.op == op and e.arch == "sm_90a" and e.knobs["rank"] == a.rank
              and e.knobs["out_dtype"] == a.dtype and e.knobs["wcscale"] == affine and e.knobs["bias"] == affine
              and all(t in short(e.knobs) for t in a.match)]
     if not cands:
-        print(f"no sm_90a gemm_w4a4 variant with rank {a.rank}, {a.dtype}, wcscale and bias {a.affine} in "
+        print(f"no sm_90a {op} variant with rank {a.rank}, {a.dtype}, wcscale and bias {a.affine} in "
               f"{', '.join(a.artifacts)}")
         return 2
     label = len(a.artifacts) > 1
@@ -142,8 +150,9 @@ def main(argv=None) -> int:
                 p.update(wcscale=None, bias=None)
             sets = bench.gemm_input_sets(p, m, k, n, a.rank, l2)
             nsets = len(sets)
+            mode = {} if a.compute == "exact" else dict(compute=a.compute)
             ws = [lib.prepare_weight(q["wgt"], q["wscales"], lora_up=q["lora_up"], wcscale=q["wcscale"],
-                                     bias=q["bias"]) for q in sets]
+                                     bias=q["bias"], **mode) for q in sets]
             outs = [torch.empty(m, n, dtype=tdt, device="cuda") for _ in sets]
             want = tq.w4a4_unfused(p["act"], p["ascales"], p["wgt"], p["wscales"], p["lora_act_in"], p["lora_up"],
                                    p["wcscale"], p["bias"], tdt, lut=lut).float()
@@ -157,7 +166,7 @@ def main(argv=None) -> int:
                 args[gop.STREAM_INDEX] = stream
                 argv_.append(args)
             for folder, e in cands:
-                if gop.SPEC.shape_problem(e.requirements, dict(m=m, n=n, k=k), e.knobs):
+                if spec.shape_problem(e.requirements, dict(m=m, n=n, k=k), e.knobs):
                     continue                # the op's shape rule excludes this (K, N) for the variant
                 ln = libs[folder]._launcher(e.name, 0, False)
                 outs[0].fill_(float("nan"))
@@ -165,7 +174,7 @@ def main(argv=None) -> int:
                 torch.cuda.synchronize()
                 got = outs[0].float()
                 rel = float((got - want).norm() / want.norm())
-                ok = bool(rel < 1e-2 and torch.isfinite(got).all())
+                ok = bool(rel < tol and torch.isfinite(got).all())
                 row = dict(artifacts=folder, variant=e.name, knobs=short(e.knobs), m=m, k=k, n=n, rel_err=rel,
                            ok=ok, cublas_us=dense["us"])
                 if ok:
