@@ -545,9 +545,9 @@ class _Sm90Wgmma:
             if tidx == 0:
                 sbase = base.toint()
                 gbase = p_act.toint()
-                if cutlass.const_expr(self.fp8):
-                    gbase = gbase + Int64(image_rows_dsl(m)) * 4      # past 1 / ra (float32 per image row)
                 mp = Int64(image_rows_dsl(m))
+                if cutlass.const_expr(self.fp8):
+                    gbase = gbase + mp * 4                  # past 1 / ra (float32 per image row)
                 for tile in cutlass.range(t0, tend, tstep, unroll=1):
                     m0 = (tile // tiles_n) * tm
                     kabs_t, nk_t, g0 = self._segment(tile, t0, tstep, kabs, nk, sk)

@@ -29,7 +29,8 @@ import threading
 from . import cuda_versions, driver, select, tuning_table
 from .errors import CaptureError, DeviceMismatch, InvalidArgument, NoCuda
 from .launcher import Launcher
-from .ops import OPS, decode_act as decode_op, gemm_w4a4 as gemm_op, op_spec, quantize_act as quant_op
+from .ops import (OPS, WORKSPACE_BYTES_BY_PREPASS, decode_act as decode_op, gemm_w4a4 as gemm_op, op_spec,
+                  quantize_act as quant_op)
 from .verify import open_artifacts
 
 _GEMM_SMS = gemm_op.SM_COUNT_INDEX
@@ -192,7 +193,7 @@ class Library:
             ln = decode_op.ImagesLauncher(self._kernel_launcher(mine[0], ordinal, capturing),
                                           self._kernel_launcher(name, ordinal, capturing), OPS[e.op].arg_names,
                                           OPS[e.op].prepass_extra_bytes(e.knobs),
-                                          decode_op.WORKSPACE_BYTES_BY_PREPASS[pre])
+                                          WORKSPACE_BYTES_BY_PREPASS[pre])
         with self._lock:
             return self._launchers.setdefault((name, ordinal), ln)
 

@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch")
 
 from svdq_loader import select  # noqa: E402
 from svdq_loader.errors import InvalidArgument  # noqa: E402
+from svdq_loader import ops  # noqa: E402
 from svdq_loader.ops import act_fp8, decode_act, gemm_w4a4 as gemm_op  # noqa: E402
 from svdq_loader.ops import sm90_fp8_weight_format as fmt  # noqa: E402
 from svdq_loader.testing import fp8_reference as f8  # noqa: E402
@@ -64,9 +65,9 @@ def test_plan_call_takes_an_fp8_weight_with_the_exact_features():
 
 
 def test_the_images_launcher_allocates_the_prepass_workspace():
-    assert decode_act.WORKSPACE_BYTES_BY_PREPASS["act_fp8"](1000, 3072) == act_fp8.workspace_bytes(1000, 3072)
+    assert ops.WORKSPACE_BYTES_BY_PREPASS["act_fp8"](1000, 3072) == act_fp8.workspace_bytes(1000, 3072)
     assert act_fp8.workspace_bytes(1000, 3072) == 4 * decode_act.image_rows(1000) + 3072 * decode_act.image_rows(1000)
-    assert decode_act.WORKSPACE_BYTES_BY_PREPASS["decode_act"] is decode_act.image_bytes
+    assert ops.WORKSPACE_BYTES_BY_PREPASS["decode_act"] is decode_act.image_bytes
     assert act_fp8.image_size_problem(4608, 15360) is None
     assert "split the call along M" in act_fp8.image_size_problem(1 << 17, 1 << 15)
 

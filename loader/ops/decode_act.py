@@ -129,7 +129,7 @@ class ImagesLauncher(PerCallWorkspace):
 
     The workspace is released when `launch` returns (`workspace`).  `extra`: None, or (m, n, k, sm_count) -> bytes
     the GEMM uses after the images in the same workspace (the op spec's ``prepass_extra_bytes``).  `nbytes`:
-    (m, k) -> the pre-pass's bytes (`WORKSPACE_BYTES_BY_PREPASS`: decode_act's images, or act_fp8's 1 / ra and
+    (m, k) -> the pre-pass's bytes (`ops.WORKSPACE_BYTES_BY_PREPASS`: decode_act's images, or act_fp8's 1 / ra and
     E4M3 images)."""
 
     def __init__(self, decode, gemm, gemm_arg_names: tuple[str, ...], extra=None, nbytes=None):
@@ -158,14 +158,6 @@ class ImagesLauncher(PerCallWorkspace):
         del ws
 
 
-def _act_fp8_bytes(m: int, k: int) -> int:
-    from .act_fp8 import workspace_bytes
-    return workspace_bytes(m, k)
-
-
-#: The workspace bytes of each pre-pass op (the first part of an images GEMM call's workspace).
-WORKSPACE_BYTES_BY_PREPASS = {"decode_act": image_bytes, "act_fp8": _act_fp8_bytes}
-
-__all__ = ["SPEC", "WORKSPACE_BYTES_BY_PREPASS", "prepass_spec", "workspace_size_problem",
+__all__ = ["SPEC", "prepass_spec", "workspace_size_problem",
            "IMAGE_BYTES_LIMIT", "IMAGE_COVER_ROWS", "IMAGE_ROW_BLOCK", "IMAGE_TILE_ROWS", "IMAGE_K", "IMAGE_SCALE_LOG2",
            "image_rows", "image_rows_by", "image_bytes", "image_size_problem", "image_offset", "ImagesLauncher"]

@@ -137,15 +137,12 @@ class PreparedWeight:
                                           ptr(wcs), ptr(bias)))
         object.__setattr__(self, "device_index", self.wgt.get_device())
         object.__setattr__(self, "lora_dtype", self.lora_up.dtype if self.lora_up is not None else None)
+        # the operator a call with this weight runs: gemm_w4a4, or gemm_w4a4_fp8 (compute="fp8")
+        object.__setattr__(self, "op", "gemm_w4a4_fp8" if self.compute == "fp8" else "gemm_w4a4")
 
     @property
     def device(self):
         return self.wgt.device
-
-    @property
-    def op(self) -> str:
-        """The operator a call with this weight runs: ``gemm_w4a4``, or ``gemm_w4a4_fp8`` (compute="fp8")."""
-        return "gemm_w4a4_fp8" if self.compute == "fp8" else "gemm_w4a4"
 
 
 #: The compute modes of the GEMM (docs/design.md section 2): "exact", the operator as stated; "fp8", each NVFP4
@@ -198,11 +195,10 @@ def prepare_weight(wgt, wscales, *, lora_up=None, wcscale=None, bias=None, arch=
     if fmt != "logical":
         import importlib
         module = importlib.import_module(f"{__package__}.{WEIGHT_FORMAT_MODULES[fmt]}")
-        if compute == "fp8":
-            module.check_dims(n, k)
-            rw = module.column_pow2(wscales)
-            wcscale = (wcscale if wcscale is not None else torch.ones_like(rw)) / rw    # exact: rw is a power of two
-        wgt, wscales, lora_up = module.convert(n, k, wgt, wscales, lora_up, wcscale)
+        if compute == "fp8":            # the format also folds 1 / rw into wcscale (sm90_fp8_weight_format)
+            wgt, wscales, wcscale = module.convert(wgt, wscales, wcscale)
+        else:
+            wgt, wscales, lora_up = module.convert(n, k, wgt, wscales, lora_up, wcscale)
     return PreparedWeight(wgt, wscales, lora_up, wcscale, bias, n, k, rank, fmt, compute)
 
 

@@ -115,25 +115,25 @@ def column_pow2(wscales):
     return torch.where(bound > 0, r, torch.ones_like(r)).to(torch.float32)
 
 
-def convert(n: int, k: int, wgt, wscales, lora_up, wcscale):
-    """`prepare_weight`'s hook for sm_90a in the FP8-compute mode: (wgt, rw + wscales) in fragment order (the caller
-    divides wcscale by rw: `column_pow2`)."""
-    w, sc = to_frag(wgt.contiguous(), wscales.contiguous())
-    return w, sc, lora_up
-
-
-def to_frag(wgt, wscales):
-    """Logical ``wgt [N, K/2]`` uint8 and ``wscales [N, K/16]`` e4m3 -> ``(wgt_frag, rw_and_wscales_frag)``."""
+def convert(wgt, wscales, wcscale):
+    """`prepare_weight`'s hook for sm_90a in the FP8-compute mode: ``(wgt_frag, rw + wscales_frag, wcscale / rw)``
+    (`wcscale` None: 1 / rw), with rw computed once (`column_pow2`); the division is exact (rw is a power of two)."""
     torch = torch_module()
-    n, kh = wgt.shape
-    k = 2 * kh
-    check_dims(n, k)
-    nb, kb = n // FRAG_ROWS, k // FRAG_K
-    wgt_frag = fragment_bytes(wgt, FRAG_ROWS, FRAG_K, _nibble_order(), _pack)    # [nb, kb, 128, 32]
+    rw = column_pow2(wscales)
+    w, sc = to_frag(wgt.contiguous(), wscales.contiguous(), rw)
+    return w, sc, (wcscale if wcscale is not None else torch.ones_like(rw)) / rw
 
+
+def to_frag(wgt, wscales, rw=None):
+    """Logical ``wgt [N, K/2]`` uint8 and ``wscales [N, K/16]`` e4m3 -> ``(wgt_frag, rw_and_wscales_frag)`` (`rw`:
+    `column_pow2` of wscales, computed here when not given)."""
+    torch = torch_module()
+    check_dims(wgt.shape[0], 2 * wgt.shape[1])
+    wgt_frag = fragment_bytes(wgt, FRAG_ROWS, FRAG_K, _nibble_order(), _pack)    # [nb, kb, 128, 32]
+    nb, kb = wgt_frag.shape[:2]
     s = wscales.view(torch.uint8).view(nb, 4, 2, 8, kb, 8)                 # [nb, warp, h (r0/r1), g, kt, group]
     s = s.permute(0, 4, 1, 3, 5, 2).reshape(nb, kb, 32, 16)                # [nb, kt, quad, (group, h)]
-    rw = column_pow2(wscales)
+    rw = column_pow2(wscales) if rw is None else rw
     return wgt_frag, torch.cat((rw.view(torch.uint8), s.reshape(-1))).contiguous()
 
 

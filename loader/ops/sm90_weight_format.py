@@ -176,11 +176,9 @@ def bytes_to_words(b):
 def to_frag(wgt, wscales):
     """Logical ``wgt [N, K/2]`` uint8 and ``wscales [N, K/16]`` e4m3 -> ``(wgt_frag, wsc_frag)``."""
     torch = torch_module()
-    n, kh = wgt.shape
-    k = 2 * kh
-    _check_dims(n, k)
-    nb, kb = n // FRAG_ROWS, k // FRAG_K
+    _check_dims(wgt.shape[0], 2 * wgt.shape[1])
     wgt_frag = fragment_bytes(wgt, FRAG_ROWS, FRAG_K, _nibble_order(), _pack_fields)     # [nb, kb, 128, 16]
+    nb, kb = wgt_frag.shape[:2]
 
     s = wscales.view(torch.uint8).view(nb, FRAG_ROWS, kb, 4)                # [nb, row, kb, j]
     s = s.permute(0, 2, 1, 3).reshape(nb, kb, 4, 2, 8, 4)                   # row = 16·warp + 8·h + g

@@ -55,8 +55,8 @@ def prepare(lib, qweight, wscales, lora_up, wcscale, bias, cache: dict, compute:
     w = cache.get(key)
     if w is None:
         cache.clear()
-        kw = {} if compute == "exact" else dict(compute=compute)     # test doubles take the exact form's keywords
-        w = cache[key] = lib.prepare_weight(qweight, wscales, lora_up=lora_up, wcscale=wcscale, bias=bias, **kw)
+        w = cache[key] = lib.prepare_weight(qweight, wscales, lora_up=lora_up, wcscale=wcscale, bias=bias,
+                                            compute=compute)
         cache["last"] = w
     return w
 
