@@ -25,8 +25,8 @@ The kernel computes the transposed product ``Yᵀ[n, m] = Σ_k W[n,k]·A[m,k]`` 
   accumulators by ``2^14·wcscale[n]`` (exact: a power of two), *then* adds LoRA as extra
   wgmmas into the same accumulators (``lora_up`` from SMEM as A, ``lora_act_in`` from SMEM as
   B, output dtype, rank in chunks of up to 64), then ``bias[n]``, each operand loaded when its step comes.  The
-  experiment build ``SVDQ_KERNEL_SM90_EPILOGUE=early`` (``EPILOGUE`` below; not yet timed) takes those global
-  round trips out from between the main loop and the store where the registers allow it.  The store
+  default ``early`` epilogue (``EPILOGUE`` below) takes those global round trips out from between the main loop and
+  the store where the registers allow it.  The store
   transposes accumulator pairs across the warp (``sm90_epilogue_ptx``: ``movmatrix``, then one 32-bit store per
   two output columns, rows >= m predicated off); it made the images tiles 5-6 % faster at K = 3072 (docs/PERF.md,
   session 12).
@@ -121,12 +121,14 @@ from .quantize_ptx import _arrive, _fence_gpu, _lds_u32, _st_u64, _sts_u32, _wai
 from svdq_loader.ops.gemm_streamk import segment as streamk_segment
 from svdq_loader.ops.ranges import cta_of_unit, range_start, slot_index, workspace_counter_bytes
 
-#: Where the epilogue's operands are loaded (an experiment, not yet timed; chosen at build time with
-#: ``SVDQ_KERNEL_SM90_EPILOGUE``, which like every ``SVDQ_KERNEL_*`` switch enters the build cache key and the
-#: manifest): ``late``, the default, loads wcscale at the start of a tile's epilogue, each LoRA chunk just before its
-#: MMAs and the bias after them; ``early`` loads wcscale and bias before the main loop's last wgmma wait and, under
-#: ``ws`` without split K, copies a one-chunk LoRA into its SMEM with cp.async when the tile starts.
-EPILOGUE = os.environ.get("SVDQ_KERNEL_SM90_EPILOGUE", "late")
+#: Where the epilogue's operands are loaded (chosen at build time with ``SVDQ_KERNEL_SM90_EPILOGUE``, which like every
+#: ``SVDQ_KERNEL_*`` switch enters the build cache key and the manifest): ``early``, the default, loads wcscale and
+#: bias before the main loop's last wgmma wait and, under ``ws`` without split K, copies a one-chunk LoRA into its
+#: SMEM with cp.async when the tile starts; ``late``, the earlier form kept for side-by-side builds, loads wcscale at
+#: the start of a tile's epilogue, each LoRA chunk just before its MMAs and the bias after them.  ``early`` was up to
+#: 6 % faster on the H200 (the best form of every FLUX shape swept at M = 64, 256 and 1024: 0.945-1.001 of ``late``)
+#: and every sm_90a variant of its build passed the selftest (docs/PERF.md, session 28).
+EPILOGUE = os.environ.get("SVDQ_KERNEL_SM90_EPILOGUE", "early")
 if EPILOGUE not in ("late", "early"):
     raise ValueError(f"SVDQ_KERNEL_SM90_EPILOGUE={EPILOGUE!r}: the sm_90a epilogue form must be one of early, late")
 

@@ -418,11 +418,12 @@ def test_compile_produces_a_clean_sm90a_cubin(knobs, tmp_path):
     assert len(main) == max(2, k["wsets"]) * 4, hgmma      # two (four) unrolled k-tiles x four k16 steps
     assert len(hgmma) - len(main) == k["rank"] // 16        # one SMEM-sourced HGMMA per 16 ranks
     assert not re.search(r"\b(STL|LDL)\b", sass), "local-memory traffic in the SASS"
-    assert "LDG.E.128" in sass and "STS.128" in sass
+    # 16-byte loads; the LoRA (and a decoding producer's activations) reach SMEM as 16-byte stores, or as 16-byte
+    # cp.async copies (the early epilogue's one-chunk LoRA in an images form)
+    assert "LDG.E.128" in sass and ("STS.128" in sass or "LDGSTS.E.BYPASS.128" in sass)
     assert "F2FP.F16.E4M3.UNPACK" in sass
     assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass          # one wgmma group kept in flight
-    assert "LDGSTS" not in sass              # the default epilogue copies no LoRA with cp.async (the early one:
-    #                                          test_the_early_epilogue_copies_a_one_chunk_lora_at_tile_start)
+    # (the default early epilogue's LoRA copies with cp.async: test_the_early_epilogue_copies_a_one_chunk_lora_...)
     # the output store: one movmatrix transpose and one 32-bit store per accumulator pair, no 16-bit stores
     pairs = k["tile_n"] // 128 * k["tile_m"] // 4          # per 64-row atom: tile_m / 2 accumulators per thread
     assert sass.count("MOVM.16.MT88") == pairs, sass.count("MOVM.16.MT88")
@@ -477,9 +478,9 @@ EARLY_CASES = [
 
 @pytest.mark.parametrize("knobs", EARLY_CASES, ids=lambda k: "-".join(f"{a}={b}" for a, b in k.items()))
 def test_the_early_epilogue_copies_a_one_chunk_lora_at_tile_start(knobs, tmp_path, monkeypatch):
-    """SVDQ_KERNEL_SM90_EPILOGUE=early (an experiment build): every form still compiles without a stack frame, and
-    exactly the ws forms without split K at a one-chunk rank issue the chunk's 16-byte cp.async copies (lora_up's
-    and lora_act_in's vectors of one thread) and wait for them once."""
+    """The early epilogue (the default since session 28): every form compiles without a stack frame, and exactly
+    the ws forms without split K at a one-chunk rank issue the chunk's 16-byte cp.async copies (lora_up's and
+    lora_act_in's vectors of one thread) and wait for them once."""
     from svdq_kernels import sm90_wgmma_kernel as kern
     from svdq_kernels.sm90_plan import _lora_chunk
     monkeypatch.setattr(kern, "EPILOGUE", "early")
@@ -498,6 +499,17 @@ def test_the_early_epilogue_copies_a_one_chunk_lora_at_tile_start(knobs, tmp_pat
         assert len(re.findall(r"cp\.async\.wait_group\s+0;", ptx)) == 1 and "LDGDEPBAR" in sass
     else:
         assert copies == 0
+
+
+def test_the_late_epilogue_copies_no_lora_with_cp_async(tmp_path, monkeypatch):
+    """SVDQ_KERNEL_SM90_EPILOGUE=late (the form before session 28, kept for side-by-side builds): the one-chunk LoRA
+    is loaded when its MMAs come, with no cp.async."""
+    from svdq_kernels import sm90_wgmma_kernel as kern
+    monkeypatch.setattr(kern, "EPILOGUE", "late")
+    k = make_knobs(**dict(dict(prefetch=1, skip_pad=True, act_decode="prmt"), **EARLY_CASES[0]))
+    name, ck = compile_knobs(k, tmp_path, keep_ptx=True)
+    assert ck.resource_usage[ck.kernel_symbols[0]]["stack_frame_bytes"] == 0
+    assert "LDGSTS" not in sass_of_cubin(ck.cubin, tmp_path)
 
 
 def test_the_epilogue_switch_names_its_values():
