@@ -89,6 +89,38 @@ if FP8_BUFFERS not in (2, 3):
     raise ValueError(f"SVDQ_KERNEL_SM90_FP8_BUFFERS={FP8_BUFFERS}: the FP8-compute fragment buffers must be 2 or 3")
 
 
+#: Where the FP8-compute mode decodes its weights (an experiment, built and checked on the CPU; chosen at build time
+#: with ``SVDQ_KERNEL_SM90_FP8_WEIGHTS``, which like every ``SVDQ_KERNEL_*`` switch enters the build cache key and the
+#: manifest): ``regs``, the default, has each MMA warp decode its own weight fragments into registers, between two
+#: k-tiles' wgmmas; ``smem`` has warpgroup 0 (which in an images form only copies the activations) decode each
+#: k-tile's 128 weight rows once into an E4M3 stage beside the activation stage, and the MMA warps issue
+#: shared-memory wgmmas only, so the decode runs beside the tensor pipe instead of on its critical path.
+FP8_WEIGHTS = os.environ.get("SVDQ_KERNEL_SM90_FP8_WEIGHTS", "regs")
+if FP8_WEIGHTS not in ("regs", "smem"):
+    raise ValueError(f"SVDQ_KERNEL_SM90_FP8_WEIGHTS={FP8_WEIGHTS!r}: the FP8-compute weights must be decoded in regs "
+                     f"or smem")
+#: smem weights: the decoding warpgroup holds two k-tiles of raw weight words and scales for 128 rows (48 registers)
+#: beside the decode's, so it gets 88 registers and the MMA warps 208: 128 x 88 + 256 x 208 <= 384 x 168.
+FP8_SMEM_REGS = (WS_ENTRY_REGS, 120, 192)
+assert 128 * FP8_SMEM_REGS[1] + 256 * FP8_SMEM_REGS[2] <= WS_THREADS * WS_ENTRY_REGS
+
+
+def fp8_smem_weights(cfg: _Cfg) -> bool:
+    """The FP8-compute form decodes its weights into SMEM stages (`FP8_WEIGHTS`)."""
+    return cfg.compute == "fp8" and FP8_WEIGHTS == "smem"
+
+
+def fp8_weight_store_offset(tidx, b: int, kb: int, h: int, i: int):
+    """smem weights (FP8): the byte offset, in its weight stage, of register (kb, h, i) of block `b` that decoding
+    thread `tidx` stores: four E4M3 values of weight row 64b + 16 (tidx // 32) + (tidx mod 32) // 4 + 8i at k
+    32kb + 16h + 4 (tidx mod 4) (the wgmma A fragment of MMA thread `tidx` of warpgroup b), in the 128-byte-swizzled
+    K-major stage: row r at 128 r, its 16-byte chunk c at chunk c ^ (r mod 8).  Works on ints and on the kernel's
+    Int32 alike (the CPU test checks it against the DSL's own layout)."""
+    g = (tidx % 32) // 4
+    row = (tidx // 32) * 16 + g + 64 * b + 8 * i       # row mod 8 = g
+    return row * 128 + ((2 * kb + h) ^ g) * 16 + 4 * (tidx % 4)
+
+
 def frag_buffers(cfg: _Cfg) -> int:
     """Weight fragment buffers of the MMA warps: two, or `FP8_BUFFERS` in the FP8-compute mode."""
     return FP8_BUFFERS if cfg.compute == "fp8" else 2
@@ -204,6 +236,9 @@ def _smem_plan(cfg: _Cfg) -> dict[str, int]:
         total = gemv_layout(cfg).smem_bytes
         return dict(main_bytes=total, lora_bytes=0, total_bytes=total, lu_offset=0, la_offset=0, bar_offset=-1)
     main = cfg.stages * cfg.tile_m * TILE_K * 2
+    w_at = (main + 1023) // 1024 * 1024
+    if fp8_smem_weights(cfg):
+        main = w_at + cfg.stages * cfg.tile_n * FP8_TILE_K     # the E4M3 weight stages after the activation ones
     lora = (cfg.tile_n + cfg.tile_m) * _lora_chunk(cfg.rank) * 2 if cfg.rank else 0
     la_in_chunk = cfg.tile_n * _lora_chunk(cfg.rank) * 2 if cfg.rank else 0
     if is_ws(cfg):
@@ -213,7 +248,7 @@ def _smem_plan(cfg: _Cfg) -> dict[str, int]:
         total = meet_at + (16 if is_streamk(cfg) else 0)
         total = (total + 1023) // 1024 * 1024
         return dict(main_bytes=main, lora_bytes=lora, total_bytes=total, lu_offset=lora_at,
-                    la_offset=lora_at + la_in_chunk, bar_offset=bar_at, meet_offset=meet_at)
+                    la_offset=lora_at + la_in_chunk, bar_offset=bar_at, meet_offset=meet_at, w_offset=w_at)
     total = (max(main, lora) + 1023) // 1024 * 1024
     return dict(main_bytes=main, lora_bytes=lora, total_bytes=total, lu_offset=0, la_offset=la_in_chunk,
                 bar_offset=-1)
@@ -444,6 +479,8 @@ def ws_regs(cfg: _Cfg) -> tuple[int, int, int]:
     """A ws CTA's registers per thread: (at launch, producer after setmaxnreg, MMA warps after setmaxnreg)."""
     if mma_warpgroups(cfg) == 3:
         return WIDE_REGS
+    if fp8_smem_weights(cfg):
+        return FP8_SMEM_REGS
     return WS_ENTRY_REGS, WS_PRODUCER_REGS, WS_CONSUMER_REGS
 
 

@@ -114,7 +114,8 @@ from .sm90_decode_ptx import (_adecode, _adecode_prmt, _bcast, _bulk_g2s, _byte_
                               _ld_relaxed_v4f, _st_v4f, _sts_v4f, _wdecode, weight_scales_x128)
 from .sm90_epilogue_ptx import pair_blocks, store_yt_pairs
 from .sm90_fp8_ptx import block_mults, e2m1_e4m3_reg, f16x2_of, round_scaled
-from .sm90_plan import (TILE_K, THREADS, _Cfg, _lora_chunk, _problem, frag_buffers, k_tile, mma_warpgroups,
+from .sm90_plan import (TILE_K, THREADS, _Cfg, _lora_chunk, _problem, fp8_smem_weights, fp8_weight_store_offset,
+                        frag_buffers, k_tile, mma_warpgroups,
                         ws_regs, _smem_plan, is_streamk, is_ws, k_unroll, ksplit_of, ring_aligned, ring_in_step,
                         ring_prev_stage, ring_slot, ring_step, split_k_share, threads_of)
 from .quantize_ptx import _arrive, _fence_gpu, _lds_u32, _st_u64, _sts_u32, _wait_arrivals
@@ -230,6 +231,7 @@ class _Sm90Wgmma:
         self.kstep = 32 if self.fp8 else 16           # k per wgmma
         self.wwords, self.swords = (8, 4) if self.fp8 else (4, 2)
         self.nbuf = frag_buffers(cfg)                 # weight fragment buffers of the MMA warps (2, or 3: FP8)
+        self.wsmem = fp8_smem_weights(cfg)            # FP8: warpgroup 0 decodes the weights into SMEM stages
 
     @cute.jit
     def __call__(self, act: cute.Pointer, ascales: cute.Pointer, wgt: cute.Pointer, wscales: cute.Pointer,
@@ -280,6 +282,41 @@ class _Sm90Wgmma:
         assert cute.cosize(lay_a) * self.ab.width // 8 <= self.plan["main_bytes"]
         return cute.make_tensor(cute.recast_ptr(base, lay_a.inner, dtype=self.ab), lay_a.outer)
 
+    def _wstages(self, base):
+        """smem weights (FP8): `stages` 128-byte-swizzled K-major tiles of tile_n weight rows of 128 E4M3 values
+        (`_sts_weights` writes them by address; the layout is the same 8-row x 128-byte swizzle atom)."""
+        lay_w = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (self.tn, self.tm, self.ktile), self.ab,
+                                              self.stages)
+        assert cute.cosize(lay_w) == self.stages * self.tn * self.ktile
+        return cute.make_tensor(cute.recast_ptr(base + self.plan["w_offset"], lay_w.inner, dtype=self.ab),
+                                lay_w.outer)
+
+    def _mma_parts_smem(self, sA, sW, tid):
+        """smem weights (FP8): the shared-memory tiled wgmma (warpgroup w takes weight rows 64w..64w+63), its A and
+        B views of the stages and the accumulators (the same layout as the register-A form's)."""
+        tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            self.ab, self.ab, OperandMajorMode.K, OperandMajorMode.K, Float32, (self.mwg, 1, 1), (64, self.tm),
+            sm90_utils.OperandSource.SMEM)
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+        thr_mma = tiled_mma.get_slice(tid)
+        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sW))
+        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sA))
+        acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((self.tn, self.tm)), Float32)
+        return tiled_mma, tCrA, tCrB, acc
+
+    def _sts_weights(self, wst, tidx, wraw, wsc, r2):
+        """smem weights (FP8): decode thread `tidx`'s words of both 64-row blocks (the register-A form's fragments
+        of MMA thread `tidx` of each warpgroup) and store each register of four E4M3 values at its row and k in the
+        stage at shared address `wst` (8-row x 128-byte swizzle: 16-byte chunk c of row r at chunk c ^ (r mod 8))."""
+        for b in range(self.mwg):
+            for kb in range(self.ktile // self.kstep):
+                for h in range(2):
+                    mult = block_mults(wsc[b][kb], h, r2[b])
+                    word = wraw[b][2 * kb + h]
+                    for i in range(2):
+                        v = round_scaled(e2m1_e4m3_reg(word, i), _bcast(mult, i))
+                        _sts_u32(wst + fp8_weight_store_offset(tidx, b, kb, h, i), v)
+
     def _mma_parts(self, sA, tid):
         """For MMA thread `tid` (0..255): the register-A tiled wgmma, its B view of the stages, the two weight
         fragment buffers (as wgmma A operands and as Int32 words) and the accumulators (layout: ``_store_out``)."""
@@ -316,7 +353,7 @@ class _Sm90Wgmma:
 
     def _load_w(self, mWq, mWs, wblk, num_kt, tidx, kt, wraw, wsc):
         lane_t = tidx % 128
-        for a in range(self.atoms):
+        for a in range(len(wblk)):
             blk = wblk[a] * num_kt + kt
             cute.autovec_copy(cute.local_tile(mWq, (self.wwords,), (blk * 128 + lane_t,)), wraw[a])
             cute.autovec_copy(cute.local_tile(mWs, (self.swords,), (blk * 32 + lane_t // 4,)), wsc[a])
@@ -512,7 +549,8 @@ class _Sm90Wgmma:
         bars = cute.recast_ptr(base + self.plan["bar_offset"], dtype=Int64)      # full[0..S), empty[0..S)
         if tidx == 0:
             for s in cutlass.range_constexpr(S):
-                cute.arch.mbarrier_init(bars + s, 1 if self.images else 128)
+                # full[s]: the images producer's expect-tx arrival (and, smem weights, every decoding thread's)
+                cute.arch.mbarrier_init(bars + s, (129 if self.wsmem else 1) if self.images else 128)
                 cute.arch.mbarrier_init(bars + S + s, 4 * self.mwg)     # one arrival per MMA warp
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
@@ -540,7 +578,44 @@ class _Sm90Wgmma:
             u1 = Int32(range_start(Int64(bid + 1), Int64(units), Int64(gdim)))
             t0, tstep, tend = u0 // upt, 1, (u1 - 1) // upt + 1
             sk = (upt, units, u0, u1)
-        if wg == 0 and cutlass.const_expr(self.images):
+        if wg == 0 and cutlass.const_expr(self.wsmem):
+            # ---- producer (FP8, smem weights): thread 0 bulk-copies each k-tile's E4M3 image rows, and all 128
+            # threads decode the k-tile's tile_n weight rows into the weight stage beside it ---------------------
+            cute.arch.setmaxregister_decrease(ws_regs(self.cfg)[1])
+            TB = tm * TILE_K * 2                         # bytes of one activation stage
+            WB = tn * self.ktile                         # bytes of one weight stage
+            sbase = base.toint()
+            wbase = sbase + self.plan["w_offset"]
+            mp = Int64(image_rows_dsl(m))
+            gbase = p_act.toint() + mp * 4               # past 1 / ra (float32 per image row)
+            W, U = self.wsets, self.unroll
+            wraw = [[cute.make_rmem_tensor((self.wwords,), Int32) for _ in range(self.mwg)] for _ in range(W)]
+            wsc = [[cute.make_rmem_tensor((self.swords,), Int32) for _ in range(self.mwg)] for _ in range(W)]
+            for tile in cutlass.range(t0, tend, tstep, unroll=1):
+                tm_i = tile // tiles_n
+                m0 = tm_i * tm
+                n0 = (tile - tm_i * tiles_n) * tn
+                wblk = [n0 // 64 + b for b in range(self.mwg)]
+                r2 = [self._fp8_rw_pairs(p_wsc, n, n0, tidx, b)[0] for b in range(self.mwg)]
+                kabs_t, nk_t, g0 = self._segment(tile, t0, tstep, kabs, nk, sk)
+                for j in cutlass.range_constexpr(W):
+                    self._load_w(mWq, mWs, wblk, num_kt, tidx, _k(kabs_t, j), wraw[j], wsc[j])
+                for ktu in cutlass.range(0, nk_t, U, unroll=1):
+                    for u in cutlass.range_constexpr(U):
+                        kt = ktu + u
+                        ws_ = u % W                 # the raw set of k-tile kt (U is a multiple of W)
+                        stage, par = ring_slot(g0 + kt, S)
+                        cute.arch.mbarrier_wait(bars + S + stage, par ^ 1)
+                        if tidx == 0:
+                            cute.arch.mbarrier_arrive_and_expect_tx(bars + stage, TB)
+                            src = gbase + (Int64(_k(kabs_t, kt)) * mp + m0) * (TILE_K * 2)
+                            _bulk_g2s(sbase + stage * TB, src, TB, (bars + stage).toint())
+                        self._sts_weights(wbase + stage * WB, tidx, wraw[ws_], wsc[ws_], r2)
+                        cute.arch.fence_proxy("async.shared", space="cta")
+                        cute.arch.mbarrier_arrive(bars + stage)
+                        nxt = cutlass.min(kt + W, nk_t - 1)
+                        self._load_w(mWq, mWs, wblk, num_kt, tidx, _k(kabs_t, nxt), wraw[ws_], wsc[ws_])
+        elif wg == 0 and cutlass.const_expr(self.images):
             # ---- producer (act_source images): one thread bulk-copies each k-tile's image rows ----------
             cute.arch.setmaxregister_decrease(ws_regs(self.cfg)[1])
             TB = tm * TILE_K * 2                         # bytes of one stage = tm image rows of 128 bytes
@@ -618,11 +693,14 @@ class _Sm90Wgmma:
             ctid = tidx - 128
             cwg = wg - 1
             lane = tidx % 32
-            tiled_mma, tCrB, fragA, fragW, acc = self._mma_parts(sA, ctid)
-            # W raw weight sets: k-tile j's bytes are loaded W k-tiles before they are decoded (set j mod W)
             W, U = self.wsets, self.unroll
-            wraw = [[cute.make_rmem_tensor((self.wwords,), Int32) for _ in range(self.atoms)] for _ in range(W)]
-            wsc = [[cute.make_rmem_tensor((self.swords,), Int32) for _ in range(self.atoms)] for _ in range(W)]
+            if cutlass.const_expr(self.wsmem):
+                tiled_mma, tCrA, tCrB, acc = self._mma_parts_smem(sA, self._wstages(base), ctid)
+            else:
+                tiled_mma, tCrB, fragA, fragW, acc = self._mma_parts(sA, ctid)
+                # W raw weight sets: k-tile j's bytes are loaded W k-tiles before they are decoded (set j mod W)
+                wraw = [[cute.make_rmem_tensor((self.wwords,), Int32) for _ in range(self.atoms)] for _ in range(W)]
+                wsc = [[cute.make_rmem_tensor((self.swords,), Int32) for _ in range(self.atoms)] for _ in range(W)]
             for tile in cutlass.range(t0, tend, tstep, unroll=1):
                 tm_i = tile // tiles_n
                 tn_i = tile - tm_i * tiles_n
@@ -631,11 +709,13 @@ class _Sm90Wgmma:
                 wblk = [n0 // 64 + a * self.mwg + cwg for a in range(self.atoms)]
                 kabs_t, nk_t, g0 = self._segment(tile, t0, tstep, kabs, nk, sk)
                 acc.fill(0.0)
-                r2 = self._fp8_rw_pairs(p_wsc, n, n0, ctid, cwg) if self.fp8 else None
-                for j in cutlass.range_constexpr(W):
-                    self._load_w(mWq, mWs, wblk, num_kt, ctid, _k(kabs_t, j), wraw[j], wsc[j])
-                self._decode_w(fragW[0], wraw[0], wsc[0], r2)
-                self._load_w(mWq, mWs, wblk, num_kt, ctid, _k(kabs_t, cutlass.min(W, nk_t - 1)), wraw[0], wsc[0])
+                if cutlass.const_expr(not self.wsmem):
+                    r2 = self._fp8_rw_pairs(p_wsc, n, n0, ctid, cwg) if self.fp8 else None
+                    for j in cutlass.range_constexpr(W):
+                        self._load_w(mWq, mWs, wblk, num_kt, ctid, _k(kabs_t, j), wraw[j], wsc[j])
+                    self._decode_w(fragW[0], wraw[0], wsc[0], r2)
+                    nxt0 = cutlass.min(W, nk_t - 1)
+                    self._load_w(mWq, mWs, wblk, num_kt, ctid, _k(kabs_t, nxt0), wraw[0], wsc[0])
                 if cutlass.const_expr(self.lora_prefetch):
                     # the LoRA rides in during the main loop (its SMEM is idle until the epilogue)
                     self._lora_prefetch(p_la, p_lu, base, m, n, m0, n0, ctid)
@@ -655,10 +735,15 @@ class _Sm90Wgmma:
                         cute.arch.mbarrier_wait(bars + stage, par)
                         warpgroup.fence()
                         for kb in cutlass.range_constexpr(self.ktile // self.kstep):
-                            cute.gemm(tiled_mma, acc, fragA[half][None, None, kb], tCrB[None, None, kb, stage], acc)
+                            if cutlass.const_expr(self.wsmem):
+                                cute.gemm(tiled_mma, acc, tCrA[None, None, kb, stage], tCrB[None, None, kb, stage],
+                                          acc)
+                            else:
+                                cute.gemm(tiled_mma, acc, fragA[half][None, None, kb], tCrB[None, None, kb, stage],
+                                          acc)
                         warpgroup.commit_group()
                         ws_ = (u + 1) % W
-                        nbuf = self.nbuf
+                        nbuf = 0 if self.wsmem else self.nbuf
                         if cutlass.const_expr(nbuf == 3):
                             # three buffers: k-tile kt+1's takes k-tile kt-2's buffer, whose wgmmas are done
                             # (the last wait_group(1) retired kt-2), so its decode overlaps the MMAs of kt-1 and kt

@@ -42,9 +42,12 @@ TUNING: dict[str, tuple] = dict(
     tile_n=(128,),
     tile_k=(FP8_TILE_K,),          # 128 k per stage: one 128-byte row of E4M3
     stages=(3, 4, 6),
-    prefetch=(1,), skip_pad=(True,), act_decode=("prmt",), schedule=("ws",), wsets=(2,), act_source=("images",),
+    wsets=(2, 4),                  # raw weight sets in flight (k-tiles loaded ahead of their decode)
+    prefetch=(1,), skip_pad=(True,), act_decode=("prmt",), schedule=("ws",), act_source=("images",),
 )
-FIXED = dict(prefetch=1, skip_pad=True, act_decode="prmt", schedule="ws", wsets=2, act_source="images")
+FIXED = dict(prefetch=1, skip_pad=True, act_decode="prmt", schedule="ws", act_source="images")
+#: the knobs a form may set, beside tiles: their defaults
+FORM_DEFAULTS = dict(wsets=2)
 FEATURE_VALUES: dict[str, tuple] = dict(
     out_dtype=("fp16", "bf16"),
     rank=(0, 16, 32, 48, 64, 80, 96, 112, 128),
@@ -78,23 +81,24 @@ def smem_bytes_for(knobs: dict) -> int:
 
 
 def config_axes(arch: str, section: dict) -> tuple[list[dict], list[str]]:
-    """``variants.sm_90a.gemm_w4a4_fp8`` -> knob dicts: ``tiles`` ([[tile_m, 128, 128], ...]) and ``stages``
-    ([auto | 3 | 4 | 6]), or ``forms`` (a list of such sections, each may list ``ranks``), as the exact family reads
-    them; every other knob is fixed (`FIXED`)."""
+    """``variants.sm_90a.gemm_w4a4_fp8`` -> knob dicts: ``tiles`` ([[tile_m, 128, 128], ...]), ``stages``
+    ([auto | 3 | 4 | 6]) and ``wsets`` ([2 | 4], default 2), or ``forms`` (a list of such sections, each may list
+    ``ranks``), as the exact family reads them; every other knob is fixed (`FIXED`)."""
     problems: list[str] = []
     forms = section.get("forms") if "forms" in section else [section]
     if isinstance(forms, list):
         for i, form in enumerate(forms):
             where = f"forms[{i}]." if "forms" in section else ""
             if isinstance(form, dict):
-                for key in sorted(set(form) - {"tiles", "stages", "ranks"}):
-                    problems.append(f"{where}{key}: unknown key (an FP8-compute form sets tiles, stages and ranks; "
+                for key in sorted(set(form) - {"tiles", "stages", "ranks", "wsets"}):
+                    problems.append(f"{where}{key}: unknown key (an FP8-compute form sets tiles, stages, wsets and "
+                                    f"ranks; "
                                     f"its schedule is fixed: {', '.join(f'{k} {v}' for k, v in FIXED.items())})")
     if problems:
         return [], problems
 
     def fixed(form):
-        return dict(form, **{k: [v] for k, v in FIXED.items()})
+        return dict({k: [v] for k, v in FORM_DEFAULTS.items()}, **form, **{k: [v] for k, v in FIXED.items()})
     sec = dict(section, forms=[fixed(f) for f in section["forms"]]) if "forms" in section else fixed(section)
     return exact.config_axes(arch, sec)
 
@@ -113,7 +117,7 @@ def invalid_reason(arch: str, knobs: dict) -> Optional[str]:
         return (f"tile_m 128 with SVDQ_KERNEL_SM90_FP8_BUFFERS=3 (an experiment build): a third weight fragment "
                 f"buffer leaves the 128-row tile an 8-byte stack frame (measured on the CPU, session 27: ranks 32 and "
                 f"128); the 208-row tile takes it at ranks 0-48")
-    if tm > 128 and tm > _MAX_TILE_M.get(rank, 128):
+    if tm > 128 and tm > _MAX_TILE_M.get(rank, 128) and sm90_plan.FP8_WEIGHTS == "regs":
         return (f"tile_m {tm} at rank {rank}: the FP8-compute MMA warps hold eight weight words and four scale words "
                 f"per raw set (twice the exact mode's) beside {tm // 2} accumulators, and ptxas keeps a stack frame "
                 f"(measured on the CPU: 224 and 256 rows at every rank, 208 rows from rank 64 on); 128 rows build at "

@@ -24,7 +24,7 @@ pre = registry.family("act_fp8", ARCH)
 
 def knobs(out_dtype="bf16", rank=32, wcscale=True, bias=True, tile_m=128, **kw):
     k = dict(out_dtype=out_dtype, rank=rank, wcscale=wcscale, bias=bias, scale_layout="logical", tile_m=tile_m,
-             tile_n=128, tile_k=128, stages=4, **fam.FIXED)
+             tile_n=128, tile_k=128, stages=4, **fam.FIXED, **fam.FORM_DEFAULTS)
     k.update(kw)
     return k
 
@@ -202,3 +202,83 @@ def test_the_buffers_switch_names_its_values():
                        env=dict(os.environ, SVDQ_KERNEL_SM90_FP8_BUFFERS="4"))
     assert r.returncode != 0
     assert "SVDQ_KERNEL_SM90_FP8_BUFFERS=4: the FP8-compute fragment buffers must be 2 or 3" in r.stderr
+
+
+def _stage_layout_offsets(coords):
+    """The byte offsets the DSL's own sm_90 A-operand SMEM layout (E4M3, K-major, 128 rows x 128 k, 128-byte
+    swizzle) gives each (row, k) of `coords`, evaluated at trace time."""
+    import cutlass.cute as cute
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass import Float8E4M3FN
+    from svdq_kernels.sm90_wgmma_kernel import LayoutEnum
+    out = []
+
+    def read(lay):
+        out.extend(int(str(cute.crd2idx((r, k, 0), lay))) for r, k in coords)
+
+    @cute.jit
+    def probe():
+        read(sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (128, 256, 128), Float8E4M3FN, 4))
+
+    probe()
+    return out
+
+
+def test_smem_weight_stores_land_in_the_wgmma_stage_layout():
+    """SVDQ_KERNEL_SM90_FP8_WEIGHTS=smem: every register of four E4M3 values a decoding thread stores goes where the
+    shared-memory wgmma reads that row and k, and the 128 threads fill a 128-row weight stage exactly once."""
+    from svdq_kernels.sm90_plan import fp8_weight_store_offset
+    stores, coords = [], []
+    for t in range(128):
+        for b in range(2):
+            for kb in range(4):
+                for h in range(2):
+                    for i in range(2):
+                        stores.append(fp8_weight_store_offset(t, b, kb, h, i))
+                        coords.append((64 * b + 16 * (t // 32) + (t % 32) // 4 + 8 * i, 32 * kb + 16 * h + 4 * (t % 4)))
+    assert _stage_layout_offsets(coords) == stores
+    covered = sorted(o + j for o in stores for j in range(4))
+    assert covered == list(range(128 * 128))
+
+
+def test_smem_weights_build_shared_memory_wgmmas_and_a_decoding_warpgroup(tmp_path, monkeypatch):
+    """SVDQ_KERNEL_SM90_FP8_WEIGHTS=smem (an experiment build; session 28 ran it on an H100: every variant passed the
+    selftest, no faster than the register form): warpgroup 0 decodes the weights into E4M3 stages and the MMA
+    warps' main loop is shared-memory QGMMA only.  The 256-row tile the register form refuses builds without a
+    stack frame, with 120 / 192 registers for the decoding / MMA warps, and the main loop holds no weight decode."""
+    from svdq_kernels import sm90_plan
+    monkeypatch.setattr(sm90_plan, "FP8_WEIGHTS", "smem")
+    k = knobs(tile_m=256, rank=32)
+    assert fam.invalid_reason(ARCH, k) is None
+    cfg = sm90_plan._cfg_of(k, "fp8")
+    assert sm90_plan.ws_regs(cfg) == (168, 120, 192)
+    plan = sm90_plan._smem_plan(cfg)
+    assert plan["w_offset"] == 4 * 256 * 128 and plan["main_bytes"] == plan["w_offset"] + 4 * 128 * 128
+    name = GEMM_W4A4_FP8.name_for(ARCH, k, fam.requirements(ARCH, k))
+    ck = fam.compile(ARCH, k, name, str(tmp_path))
+    assert ck.resource_usage[ck.kernel_symbols[0]]["stack_frame_bytes"] == 0
+    sass = sass_of_cubin(ck.cubin, tmp_path)
+    assert len(re.findall(r"QGMMA\.64x256x32\.F32\.E4M3\.E4M3 R\d+, gdesc", sass)) == 2 * 4
+    assert not re.findall(r"QGMMA\.\S+ R\d+, R\d+", sass)           # no register-sourced A left
+    assert "USETMAXREG.DEALLOC.CTAPOOL 0x78" in sass                  # the decoding warpgroup: 120 registers
+    main = min((lp for lp in loops(instructions(sass)) if lp["hmma"]), key=lambda lp: lp["instructions"])
+    assert main["hmma"] == 8 and main["instructions"] <= 160, main
+    assert len(re.findall(r"\bSTS\b", sass)) >= 2 * 32                # 32 E4M3 registers per thread and k-tile
+
+
+def test_the_weights_switch_names_its_values():
+    import os
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", "import svdq_kernels.sm90_plan"], capture_output=True, text=True,
+                       env=dict(os.environ, SVDQ_KERNEL_SM90_FP8_WEIGHTS="tmem"))
+    assert r.returncode != 0
+    assert "SVDQ_KERNEL_SM90_FP8_WEIGHTS='tmem': the FP8-compute weights must be decoded in regs or smem" in r.stderr
+
+
+def test_forms_may_set_the_raw_weight_sets():
+    got, probs = fam.config_axes(ARCH, {"forms": [{"tiles": [[128, 128, 128]], "wsets": [2, 4]},
+                                                  {"tiles": [[208, 128, 128]]}]})
+    assert not probs and [(g["tile_m"], g["wsets"]) for g in got] == [(128, 2), (128, 4), (208, 2)]
+    assert fam.requirements(ARCH, knobs(wsets=4)) == {"n_multiple": 128, "k_multiple": 512}
+    assert "wsets 3" in fam.invalid_reason(ARCH, knobs(wsets=3))
