@@ -141,6 +141,17 @@ def _sts_v4f(saddr, a, b, c, d, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def _lds_v4f(saddr, *, loc=None, ip=None):
+    """Four fp32 at the 32-bit shared address `saddr` (ld.shared.v4.f32; volatile: it reads what this thread's own
+    `_sts_v4f` wrote before it, with no fence between)."""
+    from cutlass._mlir import ir
+    st = ir.Type.parse("!llvm.struct<(f32,f32,f32,f32)>")
+    r = llvm.inline_asm(st, [Int32(saddr).ir_value()], "ld.shared.v4.f32 {$0, $1, $2, $3}, [$4];", "=f,=f,=f,=f,r",
+                        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    return [Float32(llvm.extractvalue(Float32.mlir_type, r, [i])) for i in range(4)]
+
+
+@dsl_user_op
 def _st_v4f(gaddr, a, b, c, d, *, loc=None, ip=None):
     """st.global.v4.f32 at the 64-bit global address `gaddr` (a stream-K meeting's slot write)."""
     llvm.inline_asm(None, [Int64(gaddr).ir_value()] + [Float32(x).ir_value() for x in (a, b, c, d)],

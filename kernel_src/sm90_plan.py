@@ -121,6 +121,30 @@ def fp8_weight_store_offset(tidx, b: int, kb: int, h: int, i: int):
     return row * 128 + ((2 * kb + h) ^ g) * 16 + 4 * (tidx % 4)
 
 
+#: k-tiles (of 128 k) between two promotions of `fp8_promotes` (a multiple of every unrolled loop step, 2 and 4).
+#: On an H100 (session 28), promoting after every two k-tiles met fp16's tolerance at K = 12288 but made the fp16
+#: forms 1.25-1.46x slower (a full wgmma wait and three instructions per accumulator each time).  The error of an
+#: unpromoted sum grows like sqrt(K) (2.2e-3 at K = 12288, over 2e-3); sums of at most 1024 k are expected near
+#: sqrt(1024 / 12288) of that, 0.6e-3.
+FP8_PROMOTE_KTILES = 8
+
+
+def fp8_promotes(cfg: _Cfg) -> bool:
+    """The FP8-compute form with fp16 output moves its accumulators into an fp32 sum in SMEM every
+    `FP8_PROMOTE_KTILES` k-tiles, so no wgmma accumulator sums more than 1024 k (the register form; docs/design.md
+    section 2: Hopper's FP8 tensor cores keep fewer bits than fp32 while they accumulate, and fp16's tolerance saw
+    it from K = 12288 on)."""
+    return cfg.compute == "fp8" and cfg.out_dtype == "fp16" and not fp8_smem_weights(cfg)
+
+
+def promote_bytes(cfg: _Cfg) -> int:
+    """SMEM of the fp32 sums of `fp8_promotes`: every MMA thread's accumulators (tile_m / 2 per 64-row atom)."""
+    if not fp8_promotes(cfg):
+        return 0
+    atoms = cfg.tile_n // (64 * mma_warpgroups(cfg))
+    return 128 * mma_warpgroups(cfg) * (cfg.tile_m // 2) * atoms * 4
+
+
 def frag_buffers(cfg: _Cfg) -> int:
     """Weight fragment buffers of the MMA warps: two, or `FP8_BUFFERS` in the FP8-compute mode."""
     return FP8_BUFFERS if cfg.compute == "fp8" else 2
@@ -243,12 +267,14 @@ def _smem_plan(cfg: _Cfg) -> dict[str, int]:
     la_in_chunk = cfg.tile_n * _lora_chunk(cfg.rank) * 2 if cfg.rank else 0
     if is_ws(cfg):
         lora_at = (main + 1023) // 1024 * 1024
-        bar_at = lora_at + (lora + 1023) // 1024 * 1024
+        sum_at = lora_at + (lora + 1023) // 1024 * 1024        # the FP8 fp16 form's fp32 sums (fp8_promotes)
+        bar_at = sum_at + (promote_bytes(cfg) + 1023) // 1024 * 1024
         meet_at = bar_at + 2 * cfg.stages * 8        # ws_streamk: the word through which a meeting's count is shared
         total = meet_at + (16 if is_streamk(cfg) else 0)
         total = (total + 1023) // 1024 * 1024
         return dict(main_bytes=main, lora_bytes=lora, total_bytes=total, lu_offset=lora_at,
-                    la_offset=lora_at + la_in_chunk, bar_offset=bar_at, meet_offset=meet_at, w_offset=w_at)
+                    la_offset=lora_at + la_in_chunk, bar_offset=bar_at, meet_offset=meet_at, w_offset=w_at,
+                    sum_offset=sum_at)
     total = (max(main, lora) + 1023) // 1024 * 1024
     return dict(main_bytes=main, lora_bytes=lora, total_bytes=total, lu_offset=0, la_offset=la_in_chunk,
                 bar_offset=-1)
@@ -373,8 +399,10 @@ def _problem(cfg: _Cfg) -> Optional[str]:
     plan = _smem_plan(cfg)
     if plan["total_bytes"] > SMEM_LIMIT_BYTES:
         where = "separate LoRA chunk" if is_ws(cfg) else "LoRA chunk"
-        return (f"needs {plan['total_bytes']} B of dynamic SMEM (activation stages {plan['main_bytes']} B, "
-                f"{where} {plan['lora_bytes']} B), more than the {SMEM_LIMIT_BYTES} B of an sm_90 CTA")
+        sums = f", fp32 sums {promote_bytes(cfg)} B" if promote_bytes(cfg) else ""
+        stages = "weight and activation stages" if fp8_smem_weights(cfg) else "activation stages"
+        return (f"needs {plan['total_bytes']} B of dynamic SMEM ({stages} {plan['main_bytes']} B, "
+                f"{where} {plan['lora_bytes']} B{sums}), more than the {SMEM_LIMIT_BYTES} B of an sm_90 CTA")
     return None
 
 

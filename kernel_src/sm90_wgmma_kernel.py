@@ -110,12 +110,14 @@ except ImportError:  # older DSL
     from cutlass.utils import LayoutEnum
 
 from .sm90_decode_act import image_rows_dsl
-from .sm90_decode_ptx import (_adecode, _adecode_prmt, _bcast, _bulk_g2s, _byte_form, _ld_cluster_v4f, _scales_x128,
+from .sm90_decode_ptx import (_adecode, _adecode_prmt, _bcast, _bulk_g2s, _byte_form, _ld_cluster_v4f, _lds_v4f,
+                              _scales_x128,
                               _ld_relaxed_v4f, _st_v4f, _sts_v4f, _wdecode, weight_scales_x128)
 from .sm90_epilogue_ptx import pair_blocks, store_yt_pairs
 from .sm90_fp8_ptx import block_mults, e2m1_e4m3_reg, f16x2_of, round_scaled
-from .sm90_plan import (TILE_K, THREADS, _Cfg, _lora_chunk, _problem, fp8_smem_weights, fp8_weight_store_offset,
-                        frag_buffers, k_tile, mma_warpgroups,
+from .sm90_plan import (FP8_PROMOTE_KTILES, TILE_K, THREADS, _Cfg, _lora_chunk, _problem, fp8_promotes,
+                        fp8_smem_weights,
+                        fp8_weight_store_offset, frag_buffers, k_tile, mma_warpgroups,
                         ws_regs, _smem_plan, is_streamk, is_ws, k_unroll, ksplit_of, ring_aligned, ring_in_step,
                         ring_prev_stage, ring_slot, ring_step, split_k_share, threads_of)
 from .quantize_ptx import _arrive, _fence_gpu, _lds_u32, _st_u64, _sts_u32, _wait_arrivals
@@ -232,6 +234,10 @@ class _Sm90Wgmma:
         self.wwords, self.swords = (8, 4) if self.fp8 else (4, 2)
         self.nbuf = frag_buffers(cfg)                 # weight fragment buffers of the MMA warps (2, or 3: FP8)
         self.wsmem = fp8_smem_weights(cfg)            # FP8: warpgroup 0 decodes the weights into SMEM stages
+        self.promote = fp8_promotes(cfg)              # FP8, fp16 out: fp32 sums in SMEM every few k-tiles
+        # (the promotion beside the early LoRA copy left the 208-row tile a 16-byte stack frame at rank 16: a
+        # promoting form loads its LoRA chunk when the epilogue comes)
+        self.lora_prefetch = self.lora_prefetch and not self.promote
 
     @cute.jit
     def __call__(self, act: cute.Pointer, ascales: cute.Pointer, wgt: cute.Pointer, wscales: cute.Pointer,
@@ -709,6 +715,9 @@ class _Sm90Wgmma:
                 wblk = [n0 // 64 + a * self.mwg + cwg for a in range(self.atoms)]
                 kabs_t, nk_t, g0 = self._segment(tile, t0, tstep, kabs, nk, sk)
                 acc.fill(0.0)
+                if cutlass.const_expr(self.promote):
+                    psum = base.toint() + self.plan["sum_offset"]
+                    self._promote(psum, ctid, acc, first=True)
                 if cutlass.const_expr(not self.wsmem):
                     r2 = self._fp8_rw_pairs(p_wsc, n, n0, ctid, cwg) if self.fp8 else None
                     for j in cutlass.range_constexpr(W):
@@ -751,6 +760,12 @@ class _Sm90Wgmma:
                             nxt = cutlass.min(kt + 1 + W, nk_t - 1)
                             self._load_w(mWq, mWs, wblk, num_kt, ctid, _k(kabs_t, nxt), wraw[ws_], wsc[ws_])
                         warpgroup.wait_group(1)     # k-tile kt-1 is done: its stage goes back to the producer
+                        if cutlass.const_expr(self.promote and u == U - 1):
+                            if (ktu + U) % FP8_PROMOTE_KTILES == 0:
+                                # every FP8_PROMOTE_KTILES k-tiles: all of this warpgroup's wgmmas done, the
+                                # accumulators go into the fp32 sums
+                                warpgroup.wait_group(0)
+                                self._promote(psum, ctid, acc)
                         if cutlass.const_expr(u > 0):
                             if lane == 0:
                                 self._hand_back(bars, g, ring0 if step else None, u)
@@ -807,11 +822,34 @@ class _Sm90Wgmma:
                 else:
                     if cutlass.const_expr(not self.early):
                         affine = self._load_affine(p_wc, p_bias, n, n0, ctid, cwg, with_bias=False)
+                    if cutlass.const_expr(self.promote):
+                        self._promote(psum, ctid, acc, last=True)
                     if cutlass.const_expr(self.fp8):
                         self._fp8_col_scale(p_act, m0, ctid, acc)
                     self._epilogue(p_la, p_lu, p_bias, base, m, n, m0, n0, ctid, cwg, affine, acc,
                                    lora_ready=self.lora_prefetch)
                     self._store_out(p_out, m, n, m0, n0, ctid, cwg, acc)
+
+    def _promote(self, psum, tidx, acc, first=False, last=False):
+        """FP8, fp16 out (`sm90_plan.fp8_promotes`): MMA thread `tidx`'s fp32 sums at shared address `psum`, four per
+        16-byte slot, slot i of thread t at (256 i + t) * 16 (a warp's stores are 512 contiguous bytes).  first: set
+        them to zero (tile start); last: add them into `acc` (tile end, every wgmma done: the k-tiles since the last
+        promotion are still in `acc`); else add `acc` into them and clear `acc` for the next wgmmas.  A thread touches
+        only its own slots, so its program order is the only order needed."""
+        for i in range(cute.size(acc) // 4):
+            addr = psum + (i * 256 + tidx) * 16
+            if first:
+                _sts_v4f(addr, Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0))
+            else:
+                v = _lds_v4f(addr)
+                if last:
+                    for j in range(4):
+                        acc[4 * i + j] = acc[4 * i + j] + v[j]
+                else:
+                    _sts_v4f(addr, v[0] + acc[4 * i], v[1] + acc[4 * i + 1], v[2] + acc[4 * i + 2],
+                             v[3] + acc[4 * i + 3])
+        if not first and not last:
+            acc.fill(0.0)
 
     def _hand_back(self, bars, g, ring0, u):
         """Arrive on the empty barrier of the k-tile before k-tile g (the u-th of its unrolled loop step),

@@ -9,10 +9,12 @@ the column's power of two ``rw`` folded in); the activations arrive as E4M3 stag
 input in this mode, `prepare_weight`) and ``1 / ra``, then adds the LoRA (fp16 / bf16 wgmma, as in the exact mode)
 and the bias.  The mode's numerics: docs/design.md section 2, ``svdq_loader.testing.fp8_reference``.
 
-Ran on an H100 in session 27 (docs/PERF.md): the selftest of every variant passed; fp16 output from K = 12288 on
-misses the exact mode's tolerance (the FP8 tensor cores' accumulation; docs/design.md section 2).
+Ran on an H100 (session 27) and the H200 (session 28; docs/PERF.md): the selftest of every variant passed.  The fp16
+forms add their accumulators into fp32 sums in SMEM every 1024 k (``sm90_plan.fp8_promotes``): unbroken, the FP8
+tensor cores' accumulation missed fp16's tolerance from K = 12288 on (docs/design.md section 2).
 
-Forms: the images ``ws`` tile of 128 or 208 activation rows by 128 weight rows, four stages, two raw weight sets.
+Forms: the images ``ws`` tile of 128 or 208 activation rows by 128 weight rows, four stages, two (or four: ``wsets``)
+raw weight sets.
 The 224- and 256-row tiles keep stack frames (measured on the CPU, session 27: the FP8 decode's eight weight words
 and four scale words per raw set, against four and two in the exact mode), and so does the 208-row one from rank 64
 on: `invalid_reason` says so.
@@ -62,9 +64,10 @@ _MAX_TILE_M = {0: 208, 16: 208, 32: 208, 48: 208}
 #: M <= 512: the 128-row tile (more CTAs where 208-row tiles would leave SMs idle); above, the taller one.  A first
 #: rule, not yet fitted to a sweep of both tiles (session 27 timed only the loader's picks, on an H100).
 SELECTION = [
-    {"m_max": 512, "priority": 0, "prefer": [{"knob": "tile_m", "order": "asc"}, {"knob": "stages", "order": "desc"}]},
-    {"m_max": None, "priority": 0, "prefer": [{"knob": "tile_m", "order": "desc"},
-                                               {"knob": "stages", "order": "desc"}]},
+    {"m_max": 512, "priority": 0, "prefer": [{"knob": "tile_m", "order": "asc"}, {"knob": "stages", "order": "desc"},
+                                              {"knob": "wsets", "order": "desc"}]},
+    {"m_max": None, "priority": 0, "prefer": [{"knob": "tile_m", "order": "desc"}, {"knob": "stages", "order": "desc"},
+                                               {"knob": "wsets", "order": "desc"}]},
 ]
 
 
@@ -117,12 +120,22 @@ def invalid_reason(arch: str, knobs: dict) -> Optional[str]:
         return (f"tile_m 128 with SVDQ_KERNEL_SM90_FP8_BUFFERS=3 (an experiment build): a third weight fragment "
                 f"buffer leaves the 128-row tile an 8-byte stack frame (measured on the CPU, session 27: ranks 32 and "
                 f"128); the 208-row tile takes it at ranks 0-48")
+    cfg = _cfg(knobs)
+    if sm90_plan.fp8_promotes(cfg) and tm > 128 and cfg.stages < 4:
+        return (f"tile_m {tm} with fp16 output at {cfg.stages} stages: the fp32 sums of the fp16 forms "
+                f"({sm90_plan.promote_bytes(cfg)} B) leave the 208-row tile room for three stages at rank 32, and "
+                f"there the promotion keeps an 8-byte stack frame (measured on the CPU, session 28; four stages build "
+                f"at ranks 0, 16 and 48); the 128-row tile builds at every rank")
+    if sm90_plan.fp8_promotes(cfg) and cfg.wsets > 2 and rank >= 128:
+        return (f"wsets {cfg.wsets} with fp16 output at rank {rank}: four raw weight sets beside the promotion and a "
+                f"LoRA of two chunks keep an 8-byte stack frame (measured on the CPU, session 28: rank 128); two sets "
+                f"build")
     if tm > 128 and tm > _MAX_TILE_M.get(rank, 128) and sm90_plan.FP8_WEIGHTS == "regs":
         return (f"tile_m {tm} at rank {rank}: the FP8-compute MMA warps hold eight weight words and four scale words "
                 f"per raw set (twice the exact mode's) beside {tm // 2} accumulators, and ptxas keeps a stack frame "
                 f"(measured on the CPU: 224 and 256 rows at every rank, 208 rows from rank 64 on); 128 rows build at "
                 f"every rank, 208 up to rank 48")
-    return _problem(_cfg(knobs))
+    return _problem(cfg)
 
 
 def requirements(arch: str, knobs: dict) -> dict:

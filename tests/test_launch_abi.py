@@ -402,7 +402,7 @@ def test_project_fp8_mode_kernels_match_dsl(tmp_path, op):
     if op == "act_fp8":
         knobs = dict(scale_layout="logical")
     else:
-        knobs = dict(out_dtype="fp16", rank=32, wcscale=True, bias=True, scale_layout="logical", tile_m=208,
+        knobs = dict(out_dtype="fp16", rank=16, wcscale=True, bias=True, scale_layout="logical", tile_m=208,
                      tile_n=128, tile_k=128, stages=4, **fam.FIXED, **fam.FORM_DEFAULTS)
     assert fam.invalid_reason("sm_90a", knobs) is None
     name = spec.name_for("sm_90a", knobs, fam.requirements("sm_90a", knobs))

@@ -102,7 +102,35 @@ def test_compile_gives_fp8_tensor_core_sass_without_local_memory(kw, tmp_path):
     # k-tiles: 475 / 491 instructions at 128 / 208 rows (session 27); the exact 208-row images loop has 248 per eight
     # HGMMA, at half the MMA rate per value
     main = min((lp for lp in loops(instructions(sass)) if lp["hmma"]), key=lambda lp: lp["instructions"])
-    assert main["hmma"] == 8 and 400 <= main["instructions"] <= 560, main
+    nv4 = tm // 8                                  # 16-byte vectors of one thread's accumulators
+    if k["out_dtype"] == "fp16":
+        # fp16: after the step's last k-tile a full wgmma wait, then the sums go to fp32 in SMEM (one 16-byte load
+        # and store per four accumulators): the step's loop grows by about three instructions per accumulator
+        assert main["hmma"] == 8 and 400 + 2 * nv4 <= main["instructions"] <= 560 + 4 * tm // 2, main
+        body = "\n".join(t for a, t in instructions(sass) if main["start"] <= a <= main["end"])
+        assert "WARPGROUP.DEPBAR.LE gsb0, 0x0" in body and "LDS.128" in body and "STS.128" in body
+        assert len(re.findall(r"\bLDS\.128\b", sass)) >= 2 * nv4 and len(re.findall(r"\bSTS\.128\b", sass)) >= 2 * nv4
+    else:
+        assert main["hmma"] == 8 and 400 <= main["instructions"] <= 560, main
+        assert "LDS.128" not in sass                # bf16 keeps its sums in the wgmma accumulators
+
+
+def test_fp16_forms_make_room_for_their_fp32_sums():
+    """fp16 output: the sums take 4 B per accumulator of every MMA thread (104 KB at 208 rows).  At rank 32 the
+    208-row tile then fits three stages, not four, and at three the promotion keeps a stack frame: both are refused
+    with their numbers, and the 128-row tile serves.  Ranks 0, 16 and 48 keep four stages; bf16 has no sums."""
+    from svdq_kernels import sm90_plan
+    k16 = knobs(out_dtype="fp16", tile_m=208)
+    assert sm90_plan.promote_bytes(sm90_plan._cfg_of(k16, "fp8")) == 256 * 104 * 4
+    reason = fam.invalid_reason(ARCH, k16)
+    assert "fp32 sums 106496 B" in reason and "more than the 232448 B" in reason
+    reason = fam.invalid_reason(ARCH, knobs(out_dtype="fp16", tile_m=208, stages=3))
+    assert "three stages at rank 32" in reason and "8-byte stack frame" in reason
+    for r in (0, 16, 48):
+        assert fam.invalid_reason(ARCH, knobs(out_dtype="fp16", tile_m=208, rank=r)) is None, r
+    assert fam.invalid_reason(ARCH, knobs(out_dtype="fp16", tile_m=128, wsets=4)) is None
+    assert fam.resolve(ARCH, dict(knobs(tile_m=208), stages="auto"))["stages"] == 4
+    assert sm90_plan.promote_bytes(sm90_plan._cfg_of(knobs(tile_m=208), "fp8")) == 0
 
 
 def test_static_check_wants_the_fp8_mma():
