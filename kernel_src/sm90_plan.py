@@ -89,8 +89,8 @@ if FP8_BUFFERS not in (2, 3):
     raise ValueError(f"SVDQ_KERNEL_SM90_FP8_BUFFERS={FP8_BUFFERS}: the FP8-compute fragment buffers must be 2 or 3")
 
 
-#: Where the FP8-compute mode decodes its weights (an experiment, built and checked on the CPU; chosen at build time
-#: with ``SVDQ_KERNEL_SM90_FP8_WEIGHTS``, which like every ``SVDQ_KERNEL_*`` switch enters the build cache key and the
+#: Where the FP8-compute mode decodes its weights (an experiment: correct on an H100 in session 28, no faster, see
+#: docs/PERF.md; chosen at build time with ``SVDQ_KERNEL_SM90_FP8_WEIGHTS``, which like every ``SVDQ_KERNEL_*`` switch enters the build cache key and the
 #: manifest): ``regs``, the default, has each MMA warp decode its own weight fragments into registers, between two
 #: k-tiles' wgmmas; ``smem`` has warpgroup 0 (which in an images form only copies the activations) decode each
 #: k-tile's 128 weight rows once into an E4M3 stage beside the activation stage, and the MMA warps issue
@@ -100,7 +100,8 @@ if FP8_WEIGHTS not in ("regs", "smem"):
     raise ValueError(f"SVDQ_KERNEL_SM90_FP8_WEIGHTS={FP8_WEIGHTS!r}: the FP8-compute weights must be decoded in regs "
                      f"or smem")
 #: smem weights: the decoding warpgroup holds two k-tiles of raw weight words and scales for 128 rows (48 registers)
-#: beside the decode's, so it gets 88 registers and the MMA warps 208: 128 x 88 + 256 x 208 <= 384 x 168.
+#: beside the decode's; at 88 and 104 it kept stack frames (CPU, session 28), so it gets 120 registers and the MMA
+#: warps 192: 128 x 120 + 256 x 192 <= 384 x 168.
 FP8_SMEM_REGS = (WS_ENTRY_REGS, 120, 192)
 assert 128 * FP8_SMEM_REGS[1] + 256 * FP8_SMEM_REGS[2] <= WS_THREADS * WS_ENTRY_REGS
 

@@ -111,14 +111,11 @@ except ImportError:  # older DSL
 
 from .sm90_decode_act import image_rows_dsl
 from .sm90_decode_ptx import (_adecode, _adecode_prmt, _bcast, _bulk_g2s, _byte_form, _ld_cluster_v4f, _lds_v4f,
-                              _scales_x128,
-                              _ld_relaxed_v4f, _st_v4f, _sts_v4f, _wdecode, weight_scales_x128)
+                              _scales_x128, _ld_relaxed_v4f, _st_v4f, _sts_v4f, _wdecode, weight_scales_x128)
 from .sm90_epilogue_ptx import pair_blocks, store_yt_pairs
 from .sm90_fp8_ptx import block_mults, e2m1_e4m3_reg, f16x2_of, round_scaled
 from .sm90_plan import (FP8_PROMOTE_KTILES, TILE_K, THREADS, _Cfg, _lora_chunk, _problem, fp8_promotes,
-                        fp8_smem_weights,
-                        fp8_weight_store_offset, frag_buffers, k_tile, mma_warpgroups,
-                        ws_regs, _smem_plan, is_streamk, is_ws, k_unroll, ksplit_of, ring_aligned, ring_in_step,
+                        fp8_smem_weights, fp8_weight_store_offset, frag_buffers, k_tile, mma_warpgroups, ws_regs, _smem_plan, is_streamk, is_ws, k_unroll, ksplit_of, ring_aligned, ring_in_step,
                         ring_prev_stage, ring_slot, ring_step, split_k_share, threads_of)
 from .quantize_ptx import _arrive, _fence_gpu, _lds_u32, _st_u64, _sts_u32, _wait_arrivals
 from svdq_loader.ops.gemm_streamk import segment as streamk_segment
@@ -315,13 +312,19 @@ class _Sm90Wgmma:
         of MMA thread `tidx` of each warpgroup) and store each register of four E4M3 values at its row and k in the
         stage at shared address `wst` (8-row x 128-byte swizzle: 16-byte chunk c of row r at chunk c ^ (r mod 8))."""
         for b in range(self.mwg):
-            for kb in range(self.ktile // self.kstep):
-                for h in range(2):
-                    mult = block_mults(wsc[b][kb], h, r2[b])
-                    word = wraw[b][2 * kb + h]
-                    for i in range(2):
-                        v = round_scaled(e2m1_e4m3_reg(word, i), _bcast(mult, i))
-                        _sts_u32(wst + fp8_weight_store_offset(tidx, b, kb, h, i), v)
+            for kb, h, i, v in self._fp8_regs(wraw[b], wsc[b], r2[b]):
+                _sts_u32(wst + fp8_weight_store_offset(tidx, b, kb, h, i), v)
+
+    def _fp8_regs(self, wraw, wsc, r2):
+        """FP8-compute mode, one 64-row block's raw words and scales: (kb, h, i, register) for every fragment register
+        of the k-tile (k-block kb, group h, row r0 + 8i), four values e4m3(e2m1 · scale · rw) each (word 2kb + h of
+        `sm90_fp8_weight_format`; r2: fp16x2 {rw[r0], rw[r0 + 8]})."""
+        for kb in range(self.ktile // self.kstep):
+            for h in range(2):
+                mult = block_mults(wsc[kb], h, r2)
+                word = wraw[2 * kb + h]
+                for i in range(2):
+                    yield kb, h, i, round_scaled(e2m1_e4m3_reg(word, i), _bcast(mult, i))
 
     def _mma_parts(self, sA, tid):
         """For MMA thread `tid` (0..255): the register-A tiled wgmma, its B view of the stages, the two weight
@@ -401,13 +404,8 @@ class _Sm90Wgmma:
         of the atom's fragment, each value e4m3(e2m1 · scale · rw) (`sm90_fp8_weight_format`).  r2[a]: the atom's
         fp16x2 {rw[r0], rw[r0 + 8]}."""
         for a in range(self.atoms):
-            for kb in range(self.ktile // self.kstep):
-                for h in range(2):
-                    mult = block_mults(wsc[a][kb], h, r2[a])
-                    word = wraw[a][2 * kb + h]
-                    for i in range(2):
-                        fragw[2 * h + i + 4 * a + 4 * self.atoms * kb] = round_scaled(e2m1_e4m3_reg(word, i),
-                                                                                      _bcast(mult, i))
+            for kb, h, i, v in self._fp8_regs(wraw[a], wsc[a], r2[a]):
+                fragw[2 * h + i + 4 * a + 4 * self.atoms * kb] = v
 
     def _fp8_rw_pairs(self, p_wsc, n, n0, tidx, wg):
         """FP8-compute mode: per atom, fp16x2 {rw[r0], rw[r0 + 8]} of the thread's weight rows (rw: float32 [N]
@@ -832,12 +830,13 @@ class _Sm90Wgmma:
 
     def _promote(self, psum, tidx, acc, first=False, last=False):
         """FP8, fp16 out (`sm90_plan.fp8_promotes`): MMA thread `tidx`'s fp32 sums at shared address `psum`, four per
-        16-byte slot, slot i of thread t at (256 i + t) * 16 (a warp's stores are 512 contiguous bytes).  first: set
+        16-byte slot, slot i of thread t at (256 i + t) * 16 (256 MMA threads; a warp's stores are 512 contiguous
+        bytes).  first: set
         them to zero (tile start); last: add them into `acc` (tile end, every wgmma done: the k-tiles since the last
         promotion are still in `acc`); else add `acc` into them and clear `acc` for the next wgmmas.  A thread touches
         only its own slots, so its program order is the only order needed."""
         for i in range(cute.size(acc) // 4):
-            addr = psum + (i * 256 + tidx) * 16
+            addr = psum + (i * self.mma_threads + tidx) * 16
             if first:
                 _sts_v4f(addr, Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0))
             else:

@@ -122,10 +122,10 @@ def invalid_reason(arch: str, knobs: dict) -> Optional[str]:
                 f"128); the 208-row tile takes it at ranks 0-48")
     cfg = _cfg(knobs)
     if sm90_plan.fp8_promotes(cfg) and tm > 128 and cfg.stages < 4:
-        return (f"tile_m {tm} with fp16 output at {cfg.stages} stages: the fp32 sums of the fp16 forms "
-                f"({sm90_plan.promote_bytes(cfg)} B) leave the 208-row tile room for three stages at rank 32, and "
-                f"there the promotion keeps an 8-byte stack frame (measured on the CPU, session 28; four stages build "
-                f"at ranks 0, 16 and 48); the 128-row tile builds at every rank")
+        return (f"tile_m {tm} with fp16 output at {cfg.stages} stages: at three stages the promotion to fp32 sums "
+                f"keeps an 8-byte stack frame (measured on the CPU, session 28, at rank 32, where the sums' "
+                f"{sm90_plan.promote_bytes(cfg)} B leave room for no more); four stages build at ranks 0, 16 and 48, "
+                f"and the 128-row tile at every rank")
     if sm90_plan.fp8_promotes(cfg) and cfg.wsets > 2 and rank >= 128:
         return (f"wsets {cfg.wsets} with fp16 output at rank {rank}: four raw weight sets beside the promotion and a "
                 f"LoRA of two chunks keep an 8-byte stack frame (measured on the CPU, session 28: rank 128); two sets "
