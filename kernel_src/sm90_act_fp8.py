@@ -20,6 +20,8 @@ below 2^31 bytes.
 """
 from __future__ import annotations
 
+import os
+
 import cuda.bindings.driver as cuda
 
 import cutlass
@@ -47,7 +49,16 @@ FEATURE_VALUES: dict[str, tuple] = dict(scale_layout=("logical",))
 SELECTION = [{"m_max": None, "priority": 0, "prefer": []}]
 THREADS = 128
 ROWS_PER_CTA = 16
-K_UNROLL = 2                       # k-tiles per loop step (their loads are issued together)
+#: k-tiles per loop step, their loads issued together (``SVDQ_KERNEL_SM90_ACT_FP8_UNROLL``, which like every
+#: ``SVDQ_KERNEL_*`` switch enters the build cache key and the manifest).  2, the default, ran on an H100 and the H200
+#: (sessions 27-28): 15 µs at M = 4608, K = 3072, latency-bound (16 % of DRAM bandwidth, one 8-byte load per thread
+#: in flight per k-tile: a chain of K / 256 round trips).  4 and 8 are an experiment (built and checked on the CPU,
+#: session 28, not yet run): that many loads in flight, a last step that skips the k-tiles past K (K stays a
+#: multiple of 256), and the four rows' scale words of the row-max phase loaded together.
+K_UNROLL = int(os.environ.get("SVDQ_KERNEL_SM90_ACT_FP8_UNROLL", "2"))
+if K_UNROLL not in (2, 4, 8):
+    raise ValueError(f"SVDQ_KERNEL_SM90_ACT_FP8_UNROLL={K_UNROLL}: the act_fp8 loop step must be 2, 4 or 8 k-tiles")
+K_MULTIPLE = 2 * IMAGE_K           # K per call: whole pairs of 128-k image rows, at every K_UNROLL
 SMEM_BYTES = 4 * ROWS_PER_CTA      # fp16x2 {ra, ra} per row
 
 
@@ -83,17 +94,33 @@ class _ActFp8:
         warp, lane = tidx // 32, tidx % 32
 
         # ---- ra of each row: the largest scale byte, over the warp ------------------------------------------
-        for i in cutlass.range_constexpr(ROWS_PER_CTA // 4):
-            row = bx * ROWS_PER_CTA + warp * 4 + i
-            mx = Int32(0)
-            if row < m:
-                for w in cutlass.range(lane, kq, 32, unroll=1):
-                    mx = cutlass.max(mx, byte_max(mAscW[row, w]))
-            mx = cute.arch.warp_redux_sync(mx, "max")
-            ra_bits, inv_bits = ra_of_max(mx)
-            if lane == 0:
-                mIra[row] = f32_of_bits(inv_bits)
-                _sts_u32(sra + 4 * (warp * 4 + i), ra_half2(ra_bits))
+        if cutlass.const_expr(K_UNROLL == 2):
+            for i in cutlass.range_constexpr(ROWS_PER_CTA // 4):
+                row = bx * ROWS_PER_CTA + warp * 4 + i
+                mx = Int32(0)
+                if row < m:
+                    for w in cutlass.range(lane, kq, 32, unroll=1):
+                        mx = cutlass.max(mx, byte_max(mAscW[row, w]))
+                mx = cute.arch.warp_redux_sync(mx, "max")
+                ra_bits, inv_bits = ra_of_max(mx)
+                if lane == 0:
+                    mIra[row] = f32_of_bits(inv_bits)
+                    _sts_u32(sra + 4 * (warp * 4 + i), ra_half2(ra_bits))
+        else:
+            # the four rows' words loaded together (pad rows read row m - 1; their maximum is not used)
+            r0 = bx * ROWS_PER_CTA + warp * 4
+            mxs = cute.make_rmem_tensor((4,), Int32)
+            mxs.fill(0)
+            for w in cutlass.range(lane, kq, 32, unroll=1):
+                for i in cutlass.range_constexpr(4):
+                    mxs[i] = cutlass.max(mxs[i], byte_max(mAscW[cutlass.min(r0 + i, m - 1), w]))
+            for i in cutlass.range_constexpr(4):
+                row = r0 + i
+                mx = cute.arch.warp_redux_sync(cutlass.select_(row < m, mxs[i], Int32(0)), "max")
+                ra_bits, inv_bits = ra_of_max(mx)
+                if lane == 0:
+                    mIra[row] = f32_of_bits(inv_bits)
+                    _sts_u32(sra + 4 * (warp * 4 + i), ra_half2(ra_bits))
         cute.arch.sync_threads()
 
         # ---- the image: thread t writes 16-byte chunk t % 8 of row t // 8, k-tile by k-tile ------------------
@@ -105,23 +132,34 @@ class _ActFp8:
         rr = cutlass.min(row, m - 1)                       # pad rows load row m - 1 and keep zeros
         ra2 = _lds_u32(sra + 4 * rl)
         out = cute.make_rmem_tensor((4,), Int32)
-        for kt2 in cutlass.range(0, k // IMAGE_K, K_UNROLL, unroll=1):
+        nkt = k // IMAGE_K
+        for kt2 in cutlass.range(0, nkt, K_UNROLL, unroll=1):
             words, scs = [], []
             for u in cutlass.range_constexpr(K_UNROLL):    # every load first: they overlap
                 kt = kt2 + u
+                if cutlass.const_expr(K_UNROLL > 2):
+                    kt = cutlass.min(kt, nkt - 1)          # past K (the last step): load the last k-tile, skip it
                 pair = cute.make_rmem_tensor((2,), Int32)
                 cute.autovec_copy(cute.local_tile(mActW, (1, 2), (rr, kt * 8 + c)), pair)
                 words.append(pair)
                 scs.append(Int32(mAsc[rr, kt * 8 + c]))
             for u in cutlass.range_constexpr(K_UNROLL):
                 kt = kt2 + u
-                mult = act_mult(cutlass.select_(ok, scs[u], Int32(0)), ra2)
-                for h in cutlass.range_constexpr(2):
-                    wd = cutlass.select_(ok, words[u][h], Int32(0))
-                    lo, hi = _byte_form(wd, 0), _byte_form(wd, 1)
-                    out[2 * h] = act_e4m3(lo, hi, mult, 0)
-                    out[2 * h + 1] = act_e4m3(lo, hi, mult, 2)
-                cute.autovec_copy(out, cute.local_tile(mImg, (4,), ((kt * mp + row) * 8 + p,)))
+                if cutlass.const_expr(K_UNROLL > 2 and u >= 2):
+                    if kt < nkt:                           # K is a multiple of 256: the first two always are
+                        self._write(mImg, mp, row, p, kt, ok, scs[u], words[u], ra2, out)
+                else:
+                    self._write(mImg, mp, row, p, kt, ok, scs[u], words[u], ra2, out)
+
+    def _write(self, mImg, mp, row, p, kt, ok, sc, words, ra2, out):
+        """k-tile kt's 16-byte chunk p of image row `row`: its 16 values times scale · ra, rounded once to E4M3."""
+        mult = act_mult(cutlass.select_(ok, sc, Int32(0)), ra2)
+        for h in range(2):
+            wd = cutlass.select_(ok, words[h], Int32(0))
+            lo, hi = _byte_form(wd, 0), _byte_form(wd, 1)
+            out[2 * h] = act_e4m3(lo, hi, mult, 0)
+            out[2 * h + 1] = act_e4m3(lo, hi, mult, 2)
+        cute.autovec_copy(out, cute.local_tile(mImg, (4,), ((kt * mp + row) * 8 + p,)))
 
 
 def threads_for(knobs: dict) -> int:
@@ -138,7 +176,7 @@ config_axes, resolve, invalid_reason = knobless_functions(OP, NAME, ARCHS, FEATU
 
 def requirements(arch: str, knobs: dict) -> dict:
     """K whole pairs of 128-k image rows; any M >= 1."""
-    return {"k_multiple": K_UNROLL * IMAGE_K}
+    return {"k_multiple": K_MULTIPLE}
 
 
 def compile(arch: str, knobs: dict, name: str, dump_dir: str, *, keep_ptx: bool = False):

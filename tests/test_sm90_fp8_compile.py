@@ -310,3 +310,32 @@ def test_forms_may_set_the_raw_weight_sets():
     assert not probs and [(g["tile_m"], g["wsets"]) for g in got] == [(128, 2), (128, 4), (208, 2)]
     assert fam.requirements(ARCH, knobs(wsets=4)) == {"n_multiple": 128, "k_multiple": 512}
     assert "wsets 3" in fam.invalid_reason(ARCH, knobs(wsets=3))
+
+
+@pytest.mark.parametrize("unroll", [4, 8])
+def test_act_fp8_deeper_loop_steps_keep_k_a_multiple_of_256(unroll, tmp_path, monkeypatch):
+    """SVDQ_KERNEL_SM90_ACT_FP8_UNROLL=4 / 8 (an experiment build, not yet run): that many k-tiles' 8-byte code loads
+    issued together in the loop, the k-tiles past K skipped in the last step (so K stays a multiple of 256), the
+    row-max phase's four rows loaded together; no stack frame, and the default build is unchanged."""
+    from svdq_kernels import sm90_act_fp8
+    monkeypatch.setattr(sm90_act_fp8, "K_UNROLL", unroll)
+    assert pre.requirements(ARCH, {"scale_layout": "logical"}) == {"k_multiple": 256}
+    name = ACT_FP8.name_for(ARCH, {"scale_layout": "logical"}, pre.requirements(ARCH, {"scale_layout": "logical"}))
+    ck = pre.compile(ARCH, {"scale_layout": "logical"}, name, str(tmp_path))
+    assert ck.resource_usage[ck.kernel_symbols[0]]["stack_frame_bytes"] == 0
+    sass = sass_of_cubin(ck.cubin, tmp_path)
+    main = max((lp for lp in loops(instructions(sass))), key=lambda lp: lp["instructions"])
+    body = [t for a, t in instructions(sass) if main["start"] <= a <= main["end"]]
+    assert sum(bool(re.search(r"\bLDG\.E\.64\b", t)) for t in body) == unroll       # the codes, all in flight
+    assert sum("STG.E.128" in t for t in body) == unroll                            # one chunk per k-tile
+    assert sass.count("REDUX.MAX") == 4 and not re.search(r"\b(STL|LDL)\b", sass)
+
+
+def test_the_act_fp8_switch_names_its_values():
+    import os
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", "import svdq_kernels.sm90_act_fp8"], capture_output=True, text=True,
+                       env=dict(os.environ, SVDQ_KERNEL_SM90_ACT_FP8_UNROLL="3"))
+    assert r.returncode != 0
+    assert "SVDQ_KERNEL_SM90_ACT_FP8_UNROLL=3: the act_fp8 loop step must be 2, 4 or 8 k-tiles" in r.stderr
