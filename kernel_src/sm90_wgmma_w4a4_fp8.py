@@ -61,8 +61,9 @@ FEATURE_VALUES: dict[str, tuple] = dict(
 #: the largest tile_m per rank that compiles without a stack frame (CPU, session 27)
 _MAX_TILE_M = {0: 208, 16: 208, 32: 208, 48: 208}
 
-#: M <= 512: the 128-row tile (more CTAs where 208-row tiles would leave SMs idle); above, the taller one.  A first
-#: rule, not yet fitted to a sweep of both tiles (session 27 timed only the loader's picks, on an H100).
+#: M <= 512: the 128-row tile (more CTAs where 208-row tiles would leave SMs idle); above, the taller one (an H100
+#: sweep of both, session 28: 7-30 % faster at M = 1024 and 4608 on the FLUX shapes; M <= 512 not swept yet).  Then
+#: the deeper ring and the more raw weight sets.
 SELECTION = [
     {"m_max": 512, "priority": 0, "prefer": [{"knob": "tile_m", "order": "asc"}, {"knob": "stages", "order": "desc"},
                                               {"knob": "wsets", "order": "desc"}]},
