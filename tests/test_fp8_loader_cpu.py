@@ -123,3 +123,41 @@ def test_torch_module_takes_the_compute_mode():
     with pytest.raises(InvalidArgument, match="compute must be one of"):
         W4A4Linear(256, 128, compute="int8")
     assert layer.set_compute("exact").compute == "exact"
+
+
+def test_selection_takes_the_fp8_forms_the_promotion_leaves(tmp_path):
+    """The FP8 forms of configs/sm90_fp8.yaml at ranks 32 and 128, both dtypes: above M = 512 the 208-row tile, except
+    fp16 at rank 32, which the fp32 sums leave to the 128-row one; at rank 128 the four-set 128-row tile, except fp16,
+    which keeps a stack frame there and takes the two-set form the config adds for it."""
+    pytest.importorskip("cutlass")
+    import yaml
+    from svdq_aot.config import load_config
+    from svdq_aot.variants import enumerate_variants
+    from svdq_kernels import registry
+    from pathlib import Path
+    src = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "sm90_fp8.yaml").read_text())
+    src["ranks"] = [32, 128]
+    src["variants"]["sm_90a"] = {k: src["variants"]["sm_90a"][k] for k in ("gemm_w4a4_fp8", "act_fp8")}
+    path = tmp_path / "fp8.yaml"
+    path.write_text(yaml.safe_dump(src))
+    valid, _ = enumerate_variants(load_config(path))
+
+    class E:
+        def __init__(self, v):
+            self.name, self.op, self.arch, self.knobs = v.name, v.op, v.arch, v.knob_dict
+            fam = registry.family(v.op, v.arch)
+            self.requirements = fam.requirements(v.arch, v.knob_dict)
+            self.family = fam.NAME
+    entries = [E(v) for v in valid]
+    from svdq_loader.select_rules import Rule, parse_buckets
+    fam = registry.family("gemm_w4a4_fp8", "sm_90a")
+    key = ("gemm_w4a4_fp8", "sm_90a", fam.NAME)
+    rules = {key: Rule(*key, parse_buckets(fam.SELECTION, "SELECTION", list(fam.TUNING)))}
+    want = {("bf16", 32, 4608): (208, 2), ("fp16", 32, 4608): (128, 4), ("bf16", 32, 64): (128, 4),
+            ("bf16", 128, 64): (128, 4), ("fp16", 128, 64): (128, 2), ("fp16", 128, 4608): (128, 2)}
+    for (dt, r, m), (tm, ws) in want.items():
+        p = select.Problem("gemm_w4a4_fp8", "sm_90a", (dt, r, True, True, "logical"),
+                           (("m", m), ("n", 3072), ("k", 3072)))
+        ex = select.explain(entries, rules, p)
+        assert ex.chosen is not None, ex.text()
+        assert (ex.chosen.knobs["tile_m"], ex.chosen.knobs["wsets"]) == (tm, ws), (dt, r, m, ex.text())
