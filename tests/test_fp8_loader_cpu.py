@@ -72,14 +72,15 @@ def test_the_images_launcher_allocates_the_prepass_workspace():
     assert "split the call along M" in act_fp8.image_size_problem(1 << 17, 1 << 15)
 
 
-def _fp8_config_entries():
-    """The variants of configs/sm90_fp8.yaml as the fields selection and tune read of manifest entries."""
+def _fp8_config_entries(path=None):
+    """The variants of configs/sm90_fp8.yaml (or the config at `path`) as the fields selection and tune read of
+    manifest entries."""
     from pathlib import Path
 
     from svdq_aot.config import load_config
     from svdq_aot.variants import enumerate_variants
     from svdq_kernels import registry
-    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "sm90_fp8.yaml")
+    cfg = load_config(path or Path(__file__).resolve().parents[1] / "configs" / "sm90_fp8.yaml")
     valid, _ = enumerate_variants(cfg)
 
     class E:
@@ -131,25 +132,16 @@ def test_selection_takes_the_fp8_forms_the_promotion_leaves(tmp_path):
     which keeps a stack frame there and takes the two-set form the config adds for it."""
     pytest.importorskip("cutlass")
     import yaml
-    from svdq_aot.config import load_config
-    from svdq_aot.variants import enumerate_variants
-    from svdq_kernels import registry
     from pathlib import Path
+
+    from svdq_kernels import registry
+    from svdq_loader.select_rules import Rule, parse_buckets
     src = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "sm90_fp8.yaml").read_text())
     src["ranks"] = [32, 128]
     src["variants"]["sm_90a"] = {k: src["variants"]["sm_90a"][k] for k in ("gemm_w4a4_fp8", "act_fp8")}
     path = tmp_path / "fp8.yaml"
     path.write_text(yaml.safe_dump(src))
-    valid, _ = enumerate_variants(load_config(path))
-
-    class E:
-        def __init__(self, v):
-            self.name, self.op, self.arch, self.knobs = v.name, v.op, v.arch, v.knob_dict
-            fam = registry.family(v.op, v.arch)
-            self.requirements = fam.requirements(v.arch, v.knob_dict)
-            self.family = fam.NAME
-    entries = [E(v) for v in valid]
-    from svdq_loader.select_rules import Rule, parse_buckets
+    entries = _fp8_config_entries(path)
     fam = registry.family("gemm_w4a4_fp8", "sm_90a")
     key = ("gemm_w4a4_fp8", "sm_90a", fam.NAME)
     rules = {key: Rule(*key, parse_buckets(fam.SELECTION, "SELECTION", list(fam.TUNING)))}
