@@ -152,6 +152,17 @@ def _lds_v4f(saddr, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def _lds_v4u(saddr, *, loc=None, ip=None):
+    """Four 32-bit words at the 32-bit shared address `saddr` (ld.shared.v4.u32; after the mbarrier wait that made
+    them visible)."""
+    from cutlass._mlir import ir
+    st = ir.Type.parse("!llvm.struct<(i32,i32,i32,i32)>")
+    r = llvm.inline_asm(st, [Int32(saddr).ir_value()], "ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r",
+                        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    return [Int32(llvm.extractvalue(Int32.mlir_type, r, [i])) for i in range(4)]
+
+
+@dsl_user_op
 def _st_v4f(gaddr, a, b, c, d, *, loc=None, ip=None):
     """st.global.v4.f32 at the 64-bit global address `gaddr` (a stream-K meeting's slot write)."""
     llvm.inline_asm(None, [Int64(gaddr).ir_value()] + [Float32(x).ir_value() for x in (a, b, c, d)],

@@ -89,16 +89,20 @@ if FP8_BUFFERS not in (2, 3):
     raise ValueError(f"SVDQ_KERNEL_SM90_FP8_BUFFERS={FP8_BUFFERS}: the FP8-compute fragment buffers must be 2 or 3")
 
 
-#: Where the FP8-compute mode decodes its weights (an experiment: correct on an H100 in session 28, no faster, see
-#: docs/PERF.md; chosen at build time with ``SVDQ_KERNEL_SM90_FP8_WEIGHTS``, which like every ``SVDQ_KERNEL_*`` switch enters the build cache key and the
+#: Where the FP8-compute mode decodes its weights (experiments; chosen at build time with
+#: ``SVDQ_KERNEL_SM90_FP8_WEIGHTS``, which like every ``SVDQ_KERNEL_*`` switch enters the build cache key and the
 #: manifest): ``regs``, the default, has each MMA warp decode its own weight fragments into registers, between two
 #: k-tiles' wgmmas; ``smem`` has warpgroup 0 (which in an images form only copies the activations) decode each
 #: k-tile's 128 weight rows once into an E4M3 stage beside the activation stage, and the MMA warps issue
-#: shared-memory wgmmas only, so the decode runs beside the tensor pipe instead of on its critical path.
+#: shared-memory wgmmas only, so the decode runs beside the tensor pipe instead of on its critical path (correct on
+#: an H100 in session 28, no faster: docs/PERF.md); ``staged``
+#: (built and checked on the CPU, session 28, not yet run) keeps the register decode but has the producer bulk-copy
+#: each k-tile's raw weight words and scales into the stage beside its activations, where the MMA warps read them
+#: (no raw weight sets in their registers, so the 224- and 256-row tiles build).
 FP8_WEIGHTS = os.environ.get("SVDQ_KERNEL_SM90_FP8_WEIGHTS", "regs")
-if FP8_WEIGHTS not in ("regs", "smem"):
-    raise ValueError(f"SVDQ_KERNEL_SM90_FP8_WEIGHTS={FP8_WEIGHTS!r}: the FP8-compute weights must be decoded in regs "
-                     f"or smem")
+if FP8_WEIGHTS not in ("regs", "smem", "staged"):
+    raise ValueError(f"SVDQ_KERNEL_SM90_FP8_WEIGHTS={FP8_WEIGHTS!r}: the FP8-compute weight path must be one of regs, "
+                     f"staged, smem")
 #: smem weights: the decoding warpgroup holds two k-tiles of raw weight words and scales for 128 rows (48 registers)
 #: beside the decode's; at 88 and 104 it kept stack frames (CPU, session 28), so it gets 120 registers and the MMA
 #: warps 192: 128 x 120 + 256 x 192 <= 384 x 168.
@@ -109,6 +113,17 @@ assert 128 * FP8_SMEM_REGS[1] + 256 * FP8_SMEM_REGS[2] <= WS_THREADS * WS_ENTRY_
 def fp8_smem_weights(cfg: _Cfg) -> bool:
     """The FP8-compute form decodes its weights into SMEM stages (`FP8_WEIGHTS`)."""
     return cfg.compute == "fp8" and FP8_WEIGHTS == "smem"
+
+
+#: staged raw weights: one 64-row block's k-tile in a stage, its eight words per thread, then its 16 scale bytes per
+#: quad of threads (the fragment format's bytes as they are)
+FP8_RAW_WORD_BYTES = 128 * 32
+FP8_RAW_BLOCK_BYTES = FP8_RAW_WORD_BYTES + 32 * 16
+
+
+def fp8_staged_weights(cfg: _Cfg) -> bool:
+    """The FP8-compute form's producer bulk-copies the raw weight bytes into the stages (`FP8_WEIGHTS` staged)."""
+    return cfg.compute == "fp8" and FP8_WEIGHTS == "staged"
 
 
 def fp8_weight_store_offset(tidx, b: int, kb: int, h: int, i: int):
@@ -264,6 +279,8 @@ def _smem_plan(cfg: _Cfg) -> dict[str, int]:
     w_at = (main + 1023) // 1024 * 1024
     if fp8_smem_weights(cfg):
         main = w_at + cfg.stages * cfg.tile_n * FP8_TILE_K     # the E4M3 weight stages after the activation ones
+    elif fp8_staged_weights(cfg):
+        main = w_at + cfg.stages * (cfg.tile_n // 64) * FP8_RAW_BLOCK_BYTES     # the raw weight bytes
     lora = (cfg.tile_n + cfg.tile_m) * _lora_chunk(cfg.rank) * 2 if cfg.rank else 0
     la_in_chunk = cfg.tile_n * _lora_chunk(cfg.rank) * 2 if cfg.rank else 0
     if is_ws(cfg):

@@ -111,12 +111,14 @@ except ImportError:  # older DSL
 
 from .sm90_decode_act import image_rows_dsl
 from .sm90_decode_ptx import (_adecode, _adecode_prmt, _bcast, _bulk_g2s, _byte_form, _ld_cluster_v4f, _lds_v4f,
-                              _scales_x128, _ld_relaxed_v4f, _st_v4f, _sts_v4f, _wdecode, weight_scales_x128)
+                              _lds_v4u, _scales_x128, _ld_relaxed_v4f, _st_v4f, _sts_v4f, _wdecode, weight_scales_x128)
 from .sm90_epilogue_ptx import pair_blocks, store_yt_pairs
 from .sm90_fp8_ptx import block_mults, e2m1_e4m3_reg, f16x2_of, round_scaled
-from .sm90_plan import (FP8_PROMOTE_KTILES, TILE_K, THREADS, _Cfg, _lora_chunk, _problem, fp8_promotes,
-                        fp8_smem_weights, fp8_weight_store_offset, frag_buffers, k_tile, mma_warpgroups, ws_regs, _smem_plan, is_streamk, is_ws, k_unroll, ksplit_of, ring_aligned, ring_in_step,
-                        ring_prev_stage, ring_slot, ring_step, split_k_share, threads_of)
+from .sm90_plan import (FP8_PROMOTE_KTILES, FP8_RAW_BLOCK_BYTES, FP8_RAW_WORD_BYTES, TILE_K, THREADS, _Cfg,
+                        _lora_chunk, _problem, fp8_promotes, fp8_smem_weights, fp8_staged_weights,
+                        fp8_weight_store_offset, frag_buffers, k_tile, mma_warpgroups, ws_regs, _smem_plan, is_streamk,
+                        is_ws, k_unroll, ksplit_of, ring_aligned, ring_in_step, ring_prev_stage, ring_slot, ring_step,
+                        split_k_share, threads_of)
 from .quantize_ptx import _arrive, _fence_gpu, _lds_u32, _st_u64, _sts_u32, _wait_arrivals
 from svdq_loader.ops.gemm_streamk import segment as streamk_segment
 from svdq_loader.ops.ranges import cta_of_unit, range_start, slot_index, workspace_counter_bytes
@@ -231,6 +233,8 @@ class _Sm90Wgmma:
         self.wwords, self.swords = (8, 4) if self.fp8 else (4, 2)
         self.nbuf = frag_buffers(cfg)                 # weight fragment buffers of the MMA warps (2, or 3: FP8)
         self.wsmem = fp8_smem_weights(cfg)            # FP8: warpgroup 0 decodes the weights into SMEM stages
+        self.staged = fp8_staged_weights(cfg)         # FP8: the raw weight bytes come through the stages
+        assert not self.staged or self.atoms == 1
         self.promote = fp8_promotes(cfg)              # FP8, fp16 out: fp32 sums in SMEM every few k-tiles
         # (the promotion beside the early LoRA copy left the 208-row tile a 16-byte stack frame at rank 16: a
         # promoting form loads its LoRA chunk when the epilogue comes)
@@ -366,6 +370,17 @@ class _Sm90Wgmma:
             blk = wblk[a] * num_kt + kt
             cute.autovec_copy(cute.local_tile(mWq, (self.wwords,), (blk * 128 + lane_t,)), wraw[a])
             cute.autovec_copy(cute.local_tile(mWs, (self.swords,), (blk * 32 + lane_t // 4,)), wsc[a])
+
+    def _lds_w(self, raddr, lane_t, wraw, wsc):
+        """staged raw weights (FP8): thread `lane_t`'s eight words and its quad's four scale words of one 64-row
+        block's k-tile, from the stage bytes at shared address `raddr` (the fragment format's order)."""
+        for h in range(2):
+            v = _lds_v4u(raddr + lane_t * 32 + 16 * h)
+            for i in range(4):
+                wraw[4 * h + i] = v[i]
+        v = _lds_v4u(raddr + FP8_RAW_WORD_BYTES + (lane_t // 4) * 16)
+        for i in range(4):
+            wsc[i] = v[i]
 
     def _store_act(self, sA, stage, rows, kcs, valid, raw, rsc, deq, only=None):
         if self.fp8:
@@ -629,15 +644,29 @@ class _Sm90Wgmma:
                 mp = Int64(image_rows_dsl(m))
                 if cutlass.const_expr(self.fp8):
                     gbase = gbase + mp * 4                  # past 1 / ra (float32 per image row)
+                RB = FP8_RAW_BLOCK_BYTES
                 for tile in cutlass.range(t0, tend, tstep, unroll=1):
                     m0 = (tile // tiles_n) * tm
+                    n0 = (tile - (tile // tiles_n) * tiles_n) * tn
                     kabs_t, nk_t, g0 = self._segment(tile, t0, tstep, kabs, nk, sk)
                     for kt in cutlass.range(0, nk_t, unroll=1):
                         stage, par = ring_slot(g0 + kt, S)
                         cute.arch.mbarrier_wait(bars + S + stage, par ^ 1)
-                        cute.arch.mbarrier_arrive_and_expect_tx(bars + stage, TB)
+                        if cutlass.const_expr(self.staged):
+                            cute.arch.mbarrier_arrive_and_expect_tx(bars + stage, TB + self.mwg * RB)
+                        else:
+                            cute.arch.mbarrier_arrive_and_expect_tx(bars + stage, TB)
                         src = gbase + (Int64(_k(kabs_t, kt)) * mp + m0) * (TILE_K * 2)
                         _bulk_g2s(sbase + stage * TB, src, TB, (bars + stage).toint())
+                        if cutlass.const_expr(self.staged):
+                            # each 64-row block's words (8 per thread of the fragment format) and scales
+                            for b in cutlass.range_constexpr(self.mwg):
+                                blk = Int64((n0 // 64 + b) * num_kt + _k(kabs_t, kt))
+                                dst = sbase + self.plan["w_offset"] + (stage * self.mwg + b) * RB
+                                WW, SW = FP8_RAW_WORD_BYTES, RB - FP8_RAW_WORD_BYTES
+                                _bulk_g2s(dst, p_wgt.toint() + blk * WW, WW, (bars + stage).toint())
+                                _bulk_g2s(dst + WW, p_wsc.toint() + Int64(n) * 4 + blk * SW, SW,
+                                          (bars + stage).toint())
             if cutlass.const_expr(KS > 1):
                 cute.arch.cluster_arrive()
                 cute.arch.cluster_wait()
@@ -716,7 +745,15 @@ class _Sm90Wgmma:
                 if cutlass.const_expr(self.promote):
                     psum = base.toint() + self.plan["sum_offset"]
                     self._promote(psum, ctid, acc, first=True)
-                if cutlass.const_expr(not self.wsmem):
+                if cutlass.const_expr(self.staged):
+                    # the first k-tile's raw bytes: wait for its stage, read them, decode
+                    r2 = self._fp8_rw_pairs(p_wsc, n, n0, ctid, cwg)
+                    rawb = base.toint() + self.plan["w_offset"] + cwg * FP8_RAW_BLOCK_BYTES
+                    st0, p0 = ring_slot(g0, S)
+                    cute.arch.mbarrier_wait(bars + st0, p0)
+                    self._lds_w(rawb + st0 * (self.mwg * FP8_RAW_BLOCK_BYTES), ctid % 128, wraw[0][0], wsc[0][0])
+                    self._decode_w(fragW[0], wraw[0], wsc[0], r2)
+                elif cutlass.const_expr(not self.wsmem):
                     r2 = self._fp8_rw_pairs(p_wsc, n, n0, ctid, cwg) if self.fp8 else None
                     for j in cutlass.range_constexpr(W):
                         self._load_w(mWq, mWs, wblk, num_kt, ctid, _k(kabs_t, j), wraw[j], wsc[j])
@@ -771,7 +808,15 @@ class _Sm90Wgmma:
                             if ktu > 0:
                                 if lane == 0:
                                     self._hand_back(bars, g, ring0 if step else None, u)
-                        if cutlass.const_expr(nbuf == 2):
+                        if cutlass.const_expr(nbuf == 2 and self.staged):
+                            # k-tile kt+1's raw bytes from its stage -> fragments 1-half
+                            if kt + 1 < nk_t:
+                                st1, p1 = ring_slot(g + 1, S)
+                                cute.arch.mbarrier_wait(bars + st1, p1)
+                                self._lds_w(rawb + st1 * (self.mwg * FP8_RAW_BLOCK_BYTES), ctid % 128,
+                                            wraw[0][0], wsc[0][0])
+                                self._decode_w(fragW[1 - half], wraw[0], wsc[0], r2)
+                        elif cutlass.const_expr(nbuf == 2):
                             # k-tile kt+1 (raw set (u+1) mod W) -> fragments 1-half; then k-tile kt+1+W into that set
                             self._decode_w(fragW[1 - half], wraw[ws_], wsc[ws_], r2)
                             nxt = cutlass.min(kt + 1 + W, nk_t - 1)

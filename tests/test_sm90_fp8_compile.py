@@ -301,7 +301,8 @@ def test_the_weights_switch_names_its_values():
     r = subprocess.run([sys.executable, "-c", "import svdq_kernels.sm90_plan"], capture_output=True, text=True,
                        env=dict(os.environ, SVDQ_KERNEL_SM90_FP8_WEIGHTS="tmem"))
     assert r.returncode != 0
-    assert "SVDQ_KERNEL_SM90_FP8_WEIGHTS='tmem': the FP8-compute weights must be decoded in regs or smem" in r.stderr
+    want = "SVDQ_KERNEL_SM90_FP8_WEIGHTS='tmem': the FP8-compute weight path must be one of regs, staged, smem"
+    assert want in r.stderr
 
 
 def test_forms_may_set_the_raw_weight_sets():
@@ -339,3 +340,27 @@ def test_the_act_fp8_switch_names_its_values():
                        env=dict(os.environ, SVDQ_KERNEL_SM90_ACT_FP8_UNROLL="3"))
     assert r.returncode != 0
     assert "SVDQ_KERNEL_SM90_ACT_FP8_UNROLL=3: the act_fp8 loop step must be 2, 4 or 8 k-tiles" in r.stderr
+
+
+def test_staged_raw_weights_build_the_256_row_register_form(tmp_path, monkeypatch):
+    """SVDQ_KERNEL_SM90_FP8_WEIGHTS=staged (an experiment build, not yet run): the producer bulk-copies each k-tile's
+    raw weight words and scales into the stage beside its activations (one copy for the image rows, two per 64-row
+    block), the MMA warps read them with 16-byte shared loads instead of holding raw sets in registers, and decode
+    into register fragments as before; so the 256-row tile, refused in the register form, builds without a stack
+    frame, and no global weight load is left in the MMA warps' main loop."""
+    from svdq_kernels import sm90_plan
+    monkeypatch.setattr(sm90_plan, "FP8_WEIGHTS", "staged")
+    k = knobs(tile_m=256, rank=32)
+    assert fam.invalid_reason(ARCH, k) is None
+    plan = sm90_plan._smem_plan(sm90_plan._cfg_of(k, "fp8"))
+    assert plan["main_bytes"] == plan["w_offset"] + 4 * 2 * sm90_plan.FP8_RAW_BLOCK_BYTES
+    name = GEMM_W4A4_FP8.name_for(ARCH, k, fam.requirements(ARCH, k))
+    ck = fam.compile(ARCH, k, name, str(tmp_path))
+    assert ck.resource_usage[ck.kernel_symbols[0]]["stack_frame_bytes"] == 0
+    sass = sass_of_cubin(ck.cubin, tmp_path)
+    assert len(re.findall(r"QGMMA\.64x256x32\.F32\.E4M3\.E4M3 R\d+, R\d+", sass)) == 2 * 4     # register A, as before
+    assert sass.count("UBLKCP") >= 1 + 2 * 2
+    main = min((lp for lp in loops(instructions(sass)) if lp["hmma"]), key=lambda lp: lp["instructions"])
+    body = [t for a, t in instructions(sass) if main["start"] <= a <= main["end"]]
+    assert sum(bool(re.search(r"\bLDS\.128\b", t)) for t in body) == 2 * 3       # words and scales of two k-tiles
+    assert not any(re.search(r"\bLDG\b", t) for t in body)
