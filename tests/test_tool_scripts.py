@@ -73,3 +73,21 @@ def test_the_ab_script_runs_selftests_unless_told_not_to_and_sweeps_every_folder
     sweep = [line for line in log if "tools/sm90_sweep.py" in line]
     assert len(sweep) == 1 and all(f in sweep[0] for f in folders)
     assert "| 64 | 3072 | 3072 | 9.0 | 12.0 (64x128 ws w8 s4 img) |" in r.stdout     # the best table, echoed
+
+
+def test_the_ab_script_runs_each_selftest_op_of_a_comma_list(tmp_path):
+    """SELFTEST_OP=act_fp8,gemm_w4a4_fp8: every tested folder gets one selftest per op, in that order (one call
+    checks an FP8 pre-pass build and an FP8 GEMM build)."""
+    script = str(SCRIPTS[0].parent / "h200_ab.sh")
+    folders = []
+    for name in ("base", "exp"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "manifest.json").write_text("{}")
+        folders.append(str(tmp_path / name))
+    path, calls = _stub_bin(tmp_path)
+    r = subprocess.run(["bash", script, *folders], capture_output=True, text=True,
+                       env={"PATH": path, "OUT": str(tmp_path / "out"), "NCU": "0",
+                            "SELFTEST_OP": "act_fp8,gemm_w4a4_fp8"})
+    assert r.returncode == 0, r.stderr
+    runs = [line.split() for line in calls.read_text().splitlines() if "svdq_loader.testing.selftest" in line]
+    assert [(w[3].rsplit("/", 1)[1], w[-1]) for w in runs] == [("exp", "act_fp8"), ("exp", "gemm_w4a4_fp8")]

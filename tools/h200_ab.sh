@@ -10,7 +10,7 @@
 #    ships);
 # 2. tools/sm90_sweep.py BASE EXP ...: each variant of every folder timed on the same inputs in the same run, every
 #    output checked (SWEEP_M, SWEEP_MATCH and SWEEP_ARGS choose the M values, the forms and more options; the
-#    FP8-compute mode's builds: SELFTEST_OP=gemm_w4a4_fp8 SWEEP_ARGS="--compute fp8");
+#    FP8-compute mode's builds: SELFTEST_OP=act_fp8,gemm_w4a4_fp8 SWEEP_ARGS="--compute fp8");
 # 3. unless NCU=0, ncu of one M = 1024 attn_out call (K = N = 3072) per folder, the loader's own pick: GEMM
 #    duration and tensor-pipe activity.
 # Everything lands in $OUT; docs/PERF.md (sessions 23 and 24) names the pending experiments.
@@ -31,11 +31,13 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,
 TESTED=("${@:2}")
 if [ $# -eq 1 ] || [ "${SELFTEST_BASE:-0}" = 1 ]; then TESTED=("$BASE" "${@:2}"); fi
 if [ "${SELFTEST:-1}" = 0 ]; then TESTED=(); fi      # a first look: the sweep's output checks only
+SELFTEST_OP=${SELFTEST_OP:-gemm_w4a4}                 # a comma list of ops, e.g. act_fp8,gemm_w4a4_fp8
 for EXP in "${TESTED[@]}"; do
-    log="$OUT/selftest_$(basename "$EXP").log"
-    timeout "${T_SELFTEST:-200}" python3 -m svdq_loader.testing.selftest "$EXP" --require-gpu \
-        --op "${SELFTEST_OP:-gemm_w4a4}" >"$log" 2>&1
-    echo "selftest $EXP exit $?"; tail -2 "$log"
+    for OP in ${SELFTEST_OP//,/ }; do
+        log="$OUT/selftest_$(basename "$EXP")_$OP.log"
+        timeout "${T_SELFTEST:-200}" python3 -m svdq_loader.testing.selftest "$EXP" --require-gpu --op "$OP" >"$log" 2>&1
+        echo "selftest $EXP --op $OP exit $?"; tail -2 "$log"
+    done
 done
 timeout "${T_SWEEP:-300}" python3 tools/sm90_sweep.py "$@" --m "${SWEEP_M:-64,256,1024,4608}" \
     --match "${SWEEP_MATCH:-schedule=ws wsets}" --quick ${SWEEP_ARGS:-} --json "$OUT/sweep.json" >"$OUT/sweep.log" 2>&1
