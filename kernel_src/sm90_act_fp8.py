@@ -31,9 +31,9 @@ from cutlass import Float32, Int32, Uint8
 from svdq_aot.family import knobless_functions
 from svdq_loader.ops.act_fp8 import IMAGE_K
 
-from .compiled_output import compile_kernel, cubin_resource_usage, refuse_invalid
+from .compiled_output import cubin_resource_usage, refuse_invalid
 from .quantize_ptx import _lds_u32, _sts_u32
-from .sm90_decode_act import image_rows_dsl
+from .sm90_decode_act import compile_prepass, image_rows_dsl
 from .sm90_decode_ptx import _byte_form
 from .sm90_fp8_ptx import act_e4m3, act_mult, byte_max, f32_of_bits, ra_half2, ra_of_max
 
@@ -183,12 +183,4 @@ def compile(arch: str, knobs: dict, name: str, dump_dir: str, *, keep_ptx: bool 
     """Trace and cross-compile the one variant (kernel symbol ``<name>_0``)."""
     refuse_invalid(name, invalid_reason(arch, knobs))
     from svdq_loader.ops import ACT_FP8
-    ck = compile_kernel(_ActFp8, _ActFp8(), ACT_FP8, {}, Uint8, name, arch, dump_dir, SMEM_BYTES, keep_ptx=keep_ptx)
-    ck.recipe_hints = recipe_hints(ACT_FP8.host_args)
-    return ck
-
-
-def recipe_hints(host_args) -> tuple:
-    """The grid's image_rows(M) / 16 as a launch-recipe expression over `host_args`."""
-    from .sm90_decode_act import image_rows_grid_hint
-    return image_rows_grid_hint(host_args, ROWS_PER_CTA)
+    return compile_prepass(_ActFp8, ACT_FP8, name, arch, dump_dir, SMEM_BYTES, ROWS_PER_CTA, keep_ptx)

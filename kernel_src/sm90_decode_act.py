@@ -120,15 +120,17 @@ def compile(arch: str, knobs: dict, name: str, dump_dir: str, *, keep_ptx: bool 
     """Trace and cross-compile the one variant (kernel symbol ``<name>_0``)."""
     refuse_invalid(name, invalid_reason(arch, knobs))
     from svdq_loader.ops import DECODE_ACT
-    ck = compile_kernel(_DecodeAct, _DecodeAct(), DECODE_ACT, {}, Uint8, name, arch, dump_dir, 0, keep_ptx=keep_ptx)
-    ck.recipe_hints = recipe_hints(DECODE_ACT.host_args)
-    return ck
+    return compile_prepass(_DecodeAct, DECODE_ACT, name, arch, dump_dir, 0, ROWS_PER_CTA, keep_ptx)
 
 
-def recipe_hints(host_args) -> tuple:
-    """The grid's image_rows(M) / 64 as a launch-recipe expression over `host_args` (the fitter would not find
+def compile_prepass(cls, spec, name: str, arch: str, dump_dir: str, smem_bytes: int, rows_per_cta: int,
+                    keep_ptx: bool):
+    """Compile the one variant of an sm_90a activation pre-pass (decode_act, act_fp8: kernel class `cls`, op
+    `spec`), with its grid, image_rows(M) / `rows_per_cta`, as the launch recipe's hint (the fitter would not find
     it)."""
-    return image_rows_grid_hint(host_args, ROWS_PER_CTA)
+    ck = compile_kernel(cls, cls(), spec, {}, Uint8, name, arch, dump_dir, smem_bytes, keep_ptx=keep_ptx)
+    ck.recipe_hints = image_rows_grid_hint(spec.host_args, rows_per_cta)
+    return ck
 
 
 def image_rows_grid_hint(host_args, rows_per_cta: int) -> tuple:

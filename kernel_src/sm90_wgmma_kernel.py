@@ -222,8 +222,10 @@ class _Sm90Wgmma:
         # (not where it spilled: the 208-row tile with four weight sets kept 8-24 byte stack frames, session 24; it
         # meets as ``last`` in an ``owner`` build)
         self.owner_meets = self.sk and STREAMK_MEET == "owner" and not (self.tm * self.atoms > 128 and self.wsets > 2)
+        # (nor in a form that promotes its FP8 sums to fp32: beside the promotion's branch the early copy left the
+        # 208-row tile a 16-byte stack frame at rank 16)
         self.lora_prefetch = (self.early and self.ws and self.ks == 1 and not self.sk and cfg.rank > 0
-                              and cfg.rank == self.rc)
+                              and cfg.rank == self.rc and not fp8_promotes(cfg))
         # the FP8-compute mode (sm90_fp8_weight_format; docs/design.md section 2): E4M3 operands, 128-k k-tiles of
         # four 32-k FP8 wgmmas, eight weight words and four scale words per thread, atom and k-tile
         self.fp8 = cfg.compute == "fp8"
@@ -236,9 +238,6 @@ class _Sm90Wgmma:
         self.staged = fp8_staged_weights(cfg)         # FP8: the raw weight bytes come through the stages
         assert not self.staged or self.atoms == 1
         self.promote = fp8_promotes(cfg)              # FP8, fp16 out: fp32 sums in SMEM every few k-tiles
-        # (the promotion beside the early LoRA copy left the 208-row tile a 16-byte stack frame at rank 16: a
-        # promoting form loads its LoRA chunk when the epilogue comes)
-        self.lora_prefetch = self.lora_prefetch and not self.promote
 
     @cute.jit
     def __call__(self, act: cute.Pointer, ascales: cute.Pointer, wgt: cute.Pointer, wscales: cute.Pointer,

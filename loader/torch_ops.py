@@ -41,7 +41,7 @@ from typing import Optional
 
 from .errors import InvalidArgument, TorchMissing
 from .ops import gemm_w4a4 as _gemm
-from .ops.layouts import FP8_WEIGHT_FORMAT_BY_ARCH, SCALE_LAYOUT_BY_ARCH, scale_shape
+from .ops.layouts import COMPUTE_OF_FORMAT, SCALE_LAYOUT_BY_ARCH, scale_shape
 
 try:
     import torch
@@ -108,10 +108,9 @@ def _gemm_w4a4(act: torch.Tensor, ascales: torch.Tensor, wgt: torch.Tensor, wsca
                lora_act_in: Optional[torch.Tensor], lora_up: Optional[torch.Tensor], wcscale: Optional[torch.Tensor],
                bias: Optional[torch.Tensor], out_dtype: Optional[torch.dtype], n: int, k: int,
                weight_format: str) -> torch.Tensor:
-    # the weight format names the compute mode: the FP8-compute formats are FP8_WEIGHT_FORMAT_BY_ARCH's
-    compute = "fp8" if weight_format in FP8_WEIGHT_FORMAT_BY_ARCH.values() else "exact"
     w = _gemm.PreparedWeight(wgt, wscales, lora_up, wcscale, bias, int(n), int(k),
-                             int(lora_up.shape[1]) if lora_up is not None else 0, weight_format, compute)
+                             int(lora_up.shape[1]) if lora_up is not None else 0, weight_format,
+                             COMPUTE_OF_FORMAT.get(weight_format, "exact"))      # the format names the mode
     return library().gemm_w4a4(act, w, ascales, lora_act_in=lora_act_in, out_dtype=out_dtype)
 
 

@@ -69,8 +69,8 @@ def fake_driver(monkeypatch, *, arch="sm_90a", cuda=13000, optin_smem=232448, sm
     monkeypatch.setattr(library, "_capturing", lambda: False)
     # FakeCuda tensors hold no data, so no weight-format conversion can run on them: every arch reads
     # the logical weight tensors here (the formats have their own tests on real data)
-    from svdq_loader.ops import gemm_w4a4            # the one reader of layouts.WEIGHT_FORMAT_BY_ARCH
-    monkeypatch.setattr(gemm_w4a4, "WEIGHT_FORMAT_BY_ARCH", {})
+    from svdq_loader.ops import gemm_w4a4, layouts
+    monkeypatch.setitem(layouts.WEIGHT_FORMATS_BY_COMPUTE, "exact", {})    # the formats' one table
     # nor can torch fill a vector there: a weight without wcscale / bias gets data-less identity vectors
     monkeypatch.setattr(gemm_w4a4, "identity_vector", lambda like, n, value: FakeCuda((n,), torch.float32, like.device))
     return rec

@@ -59,7 +59,8 @@ def _driver(monkeypatch, **kw):
     """The recording fake driver, with the real per-arch weight formats: these tests build their
     PreparedWeights directly (nothing is converted on the data-less tensors) and check the formats."""
     rec = fake_driver(monkeypatch, **kw)
-    monkeypatch.setattr(gemm_op, "WEIGHT_FORMAT_BY_ARCH", dict(WEIGHT_FORMAT_BY_ARCH))
+    from svdq_loader.ops import layouts
+    monkeypatch.setitem(layouts.WEIGHT_FORMATS_BY_COMPUTE, "exact", dict(WEIGHT_FORMAT_BY_ARCH))
     return rec
 
 

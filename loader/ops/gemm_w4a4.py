@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from . import gemm_streamk
 from .decode_act import image_size_problem
-from .layouts import SCALE_LAYOUT_BY_ARCH, WEIGHT_FORMAT_BY_ARCH
+from .layouts import SCALE_LAYOUT_BY_ARCH
 from .spec import PTR_ALIGN, Feature, OpSpec
 
 
@@ -81,7 +81,7 @@ SPEC = OpSpec(
 
 from .checks import check_devices, check_i32_sizes, check_tensor, check_vector, fail, half_dtypes, torch_module  # noqa: E402
 from .layouts import BLOCK_K, WEIGHT_FORMAT_MODULES, scale_shape  # noqa: E402
-from .layouts import FP8_WEIGHT_FORMAT_BY_ARCH as _FP8_FORMATS  # noqa: E402
+from .layouts import COMPUTE_MODES, WEIGHT_FORMATS_BY_COMPUTE  # noqa: E402
 
 
 def _as_f32(t):
@@ -145,21 +145,16 @@ class PreparedWeight:
         return self.wgt.device
 
 
-#: The compute modes of the GEMM (docs/design.md section 2): "exact", the operator as stated; "fp8", each NVFP4
-#: operand rounded once to E4M3 and multiplied on FP8 tensor cores (sm_90a only; op gemm_w4a4_fp8)
-COMPUTE_MODES = ("exact", "fp8")
-
-
 def weight_format_for(arch, compute: str = "exact") -> str:
-    """The weight format the GEMM of `arch` reads in `compute` mode (fails for a mode the arch lacks)."""
-    if compute == "exact":
-        return WEIGHT_FORMAT_BY_ARCH.get(arch, "logical")
-    if compute not in COMPUTE_MODES:
+    """The weight format the GEMM of `arch` reads in `compute` mode (`layouts.WEIGHT_FORMATS_BY_COMPUTE`; fails
+    for a mode the arch lacks)."""
+    formats = WEIGHT_FORMATS_BY_COMPUTE.get(compute)
+    if formats is None:
         fail(f"compute must be one of {', '.join(map(repr, COMPUTE_MODES))}, got {compute!r}")
-    if arch not in _FP8_FORMATS:
-        fail(f"compute='fp8' (the FP8-compute mode) runs on {', '.join(_FP8_FORMATS)} only; this weight's device "
+    if compute != "exact" and arch not in formats:
+        fail(f"compute={compute!r} (the FP8-compute mode) runs on {', '.join(formats)} only; this weight's device "
              f"is {arch or 'not a CUDA device'}")
-    return _FP8_FORMATS[arch]
+    return formats.get(arch, "logical")
 
 
 def prepare_weight(wgt, wscales, *, lora_up=None, wcscale=None, bias=None, arch=None,
@@ -314,8 +309,7 @@ def fast_args(arch: str, act, weight, ascales, lora_act_in, out, out_dtype):
     k, n = weight.k, weight.n
     if m < 1 or 2 * kh != k or m * n >= _I32 or m * kh >= _I32 or SCALE_LAYOUT_BY_ARCH.get(arch) != "logical":
         return None
-    if weight.weight_format != (_FP8_FORMATS.get(arch) if weight.compute == "fp8"
-                                else WEIGHT_FORMAT_BY_ARCH.get(arch, "logical")):
+    if weight.weight_format != WEIGHT_FORMATS_BY_COMPUTE[weight.compute].get(arch, "logical"):
         return None
     if ascales.shape != (m, k // BLOCK_K) or not act.is_contiguous() or not ascales.is_contiguous():
         return None

@@ -39,6 +39,13 @@ WEIGHT_FORMAT_MODULES = {"sm90_frag": "sm90_weight_format", "blackwell_weight": 
                          "sm120_weight": "sm120_weight",
                          # the FP8-compute mode's (prepare_weight with compute="fp8"; ops.gemm_w4a4_fp8)
                          "sm90_fp8_frag": "sm90_fp8_weight_format"}
+#: The arch -> weight format table of each compute mode of the GEMM (docs/design.md section 2): "exact", the operator
+#: as stated; "fp8", each NVFP4 operand rounded once to E4M3 on FP8 tensor cores (op gemm_w4a4_fp8), on the archs
+#: its table lists only.  One home for both `prepare_weight` and a call's fast path.
+WEIGHT_FORMATS_BY_COMPUTE = {"exact": WEIGHT_FORMAT_BY_ARCH, "fp8": FP8_WEIGHT_FORMAT_BY_ARCH}
+COMPUTE_MODES = tuple(WEIGHT_FORMATS_BY_COMPUTE)
+#: The compute mode a weight format belongs to ("logical": exact)
+COMPUTE_OF_FORMAT = {fmt: mode for mode, table in WEIGHT_FORMATS_BY_COMPUTE.items() for fmt in table.values()}
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from svdq_loader.errors import InvalidArgument
-from svdq_loader.ops.layouts import BLOCK_K
+from svdq_loader.ops.layouts import BLOCK_K, COMPUTE_MODES
 from svdq_loader.torch import _ops
 from svdq_loader.torch.recipe import quantize_linear
 
@@ -25,7 +25,6 @@ FIXED_DTYPE = ("qweight", "wscales", "wcscale", "bias")
 #: Every state-dict name, in order (optional ones may be absent).
 STATE_NAMES = ("qweight", "wscales", "wcscale", "bias", "smooth", "lora_down", "lora_up")
 _HALF = (torch.float16, torch.bfloat16)
-COMPUTE_MODES = ("exact", "fp8")
 
 
 def _check_compute(compute) -> str:
