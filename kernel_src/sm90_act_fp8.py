@@ -50,12 +50,13 @@ SELECTION = [{"m_max": None, "priority": 0, "prefer": []}]
 THREADS = 128
 ROWS_PER_CTA = 16
 #: k-tiles per loop step, their loads issued together (``SVDQ_KERNEL_SM90_ACT_FP8_UNROLL``, which like every
-#: ``SVDQ_KERNEL_*`` switch enters the build cache key and the manifest).  2, the default, ran on an H100 and the H200
-#: (sessions 27-28): 15 µs at M = 4608, K = 3072, latency-bound (16 % of DRAM bandwidth, one 8-byte load per thread
-#: in flight per k-tile: a chain of K / 256 round trips).  4 and 8 are an experiment (built and checked on the CPU,
-#: session 28, not yet run): that many loads in flight, a last step that skips the k-tiles past K (K stays a
-#: multiple of 256), and the four rows' scale words of the row-max phase loaded together.
-K_UNROLL = int(os.environ.get("SVDQ_KERNEL_SM90_ACT_FP8_UNROLL", "2"))
+#: ``SVDQ_KERNEL_*`` switch enters the build cache key and the manifest).  8, the default since session 29: that many
+#: 8-byte loads per thread in flight, a last step that skips the k-tiles past K (K stays a multiple of 256), and the
+#: four rows' scale words of the row-max phase loaded together.  On the H200 (session 29) it made the FP8 GEMM call
+#: (pre-pass + GEMM) 2-19 % faster than 2 k-tiles per step, which had been latency-bound (sessions 27-28: 15 µs at
+#: M = 4608, K = 3072 on an H100, 16 % of DRAM bandwidth, a chain of K / 256 round trips).  2 and 4 stay for
+#: comparison builds.
+K_UNROLL = int(os.environ.get("SVDQ_KERNEL_SM90_ACT_FP8_UNROLL", "8"))
 if K_UNROLL not in (2, 4, 8):
     raise ValueError(f"SVDQ_KERNEL_SM90_ACT_FP8_UNROLL={K_UNROLL}: the act_fp8 loop step must be 2, 4 or 8 k-tiles")
 K_MULTIPLE = 2 * IMAGE_K           # K per call: whole pairs of 128-k image rows, at every K_UNROLL

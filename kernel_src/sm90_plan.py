@@ -54,13 +54,15 @@ class _Cfg(GemmFeatures):
     wsets: int = 2
     act_source: str = "nvfp4"
     compute: str = "exact"       # "fp8": the FP8-compute mode (op gemm_w4a4_fp8; family sm90_wgmma_w4a4_fp8)
+    weights: str = "regs"        # FP8-compute mode: where the weights are decoded from (`FP8_WEIGHT_PATHS`)
 
 
 def _cfg_of(knobs: dict, compute: str = "exact") -> _Cfg:
     return _Cfg(*gemm_feature_values(knobs),
                 int(knobs["tile_m"]), int(knobs["tile_n"]), int(knobs["stages"]), int(knobs["prefetch"]),
                 bool(knobs["skip_pad"]), str(knobs["act_decode"]), str(knobs.get("schedule", "coop")),
-                int(knobs.get("wsets", 2)), str(knobs.get("act_source", "nvfp4")), compute)
+                int(knobs.get("wsets", 2)), str(knobs.get("act_source", "nvfp4")), compute,
+                str(knobs.get("weights", "regs")))
 
 
 #: k per k-tile of the FP8-compute mode: one 128-byte stage row of E4M3, four 32-k FP8 wgmma steps (the exact mode's
@@ -89,20 +91,16 @@ if FP8_BUFFERS not in (2, 3):
     raise ValueError(f"SVDQ_KERNEL_SM90_FP8_BUFFERS={FP8_BUFFERS}: the FP8-compute fragment buffers must be 2 or 3")
 
 
-#: Where the FP8-compute mode decodes its weights (experiments; chosen at build time with
-#: ``SVDQ_KERNEL_SM90_FP8_WEIGHTS``, which like every ``SVDQ_KERNEL_*`` switch enters the build cache key and the
-#: manifest): ``regs``, the default, has each MMA warp decode its own weight fragments into registers, between two
-#: k-tiles' wgmmas; ``smem`` has warpgroup 0 (which in an images form only copies the activations) decode each
-#: k-tile's 128 weight rows once into an E4M3 stage beside the activation stage, and the MMA warps issue
-#: shared-memory wgmmas only, so the decode runs beside the tensor pipe instead of on its critical path (correct on
-#: an H100 in session 28, no faster: docs/PERF.md); ``staged``
-#: (built and checked on the CPU, session 28, not yet run) keeps the register decode but has the producer bulk-copy
-#: each k-tile's raw weight words and scales into the stage beside its activations, where the MMA warps read them
-#: (no raw weight sets in their registers, so the 224- and 256-row tiles build).
-FP8_WEIGHTS = os.environ.get("SVDQ_KERNEL_SM90_FP8_WEIGHTS", "regs")
-if FP8_WEIGHTS not in ("regs", "smem", "staged"):
-    raise ValueError(f"SVDQ_KERNEL_SM90_FP8_WEIGHTS={FP8_WEIGHTS!r}: the FP8-compute weight path must be one of regs, "
-                     f"staged, smem")
+#: Where the FP8-compute mode's MMA warps get their weights from (the family's ``weights`` knob):
+#: ``regs`` has each MMA warp load its raw weight words from global memory into registers (``wsets`` k-tiles ahead)
+#: and decode its own fragments, between two k-tiles' wgmmas; ``staged`` keeps that register decode, but the
+#: producer bulk-copies each k-tile's raw weight words and scales into the stage beside its activations, where the
+#: MMA warps read them (no raw weight sets in their registers, so the 224- and 256-row tiles build: H200, session
+#: 29, 5-12 % faster than the 208-row register form at M = 4608); ``smem`` has warpgroup 0 (which in an images form
+#: only copies the activations) decode each k-tile's 128 weight rows once into an E4M3 stage beside the activation
+#: stage, and the MMA warps issue shared-memory wgmmas only (an experiment form: correct on an H100 in session 28,
+#: no faster; docs/PERF.md).
+FP8_WEIGHT_PATHS = ("regs", "staged", "smem")
 #: smem weights: the decoding warpgroup holds two k-tiles of raw weight words and scales for 128 rows (48 registers)
 #: beside the decode's; at 88 and 104 it kept stack frames (CPU, session 28), so it gets 120 registers and the MMA
 #: warps 192: 128 x 120 + 256 x 192 <= 384 x 168.
@@ -111,8 +109,8 @@ assert 128 * FP8_SMEM_REGS[1] + 256 * FP8_SMEM_REGS[2] <= WS_THREADS * WS_ENTRY_
 
 
 def fp8_smem_weights(cfg: _Cfg) -> bool:
-    """The FP8-compute form decodes its weights into SMEM stages (`FP8_WEIGHTS`)."""
-    return cfg.compute == "fp8" and FP8_WEIGHTS == "smem"
+    """The FP8-compute form decodes its weights into SMEM stages (`FP8_WEIGHT_PATHS`: smem)."""
+    return cfg.compute == "fp8" and cfg.weights == "smem"
 
 
 #: staged raw weights: one 64-row block's k-tile in a stage, its eight words per thread, then its 16 scale bytes per
@@ -122,8 +120,9 @@ FP8_RAW_BLOCK_BYTES = FP8_RAW_WORD_BYTES + 32 * 16
 
 
 def fp8_staged_weights(cfg: _Cfg) -> bool:
-    """The FP8-compute form's producer bulk-copies the raw weight bytes into the stages (`FP8_WEIGHTS` staged)."""
-    return cfg.compute == "fp8" and FP8_WEIGHTS == "staged"
+    """The FP8-compute form's producer bulk-copies the raw weight bytes into the stages (`FP8_WEIGHT_PATHS`:
+    staged)."""
+    return cfg.compute == "fp8" and cfg.weights == "staged"
 
 
 def fp8_weight_store_offset(tidx, b: int, kb: int, h: int, i: int):
@@ -326,6 +325,8 @@ def _fp8_problem(cfg: _Cfg) -> Optional[str]:
         return (f"the FP8-compute mode with schedule {cfg.schedule}, act_source {cfg.act_source} and tile_n "
                 f"{cfg.tile_n}: its forms are schedule {' or '.join(FP8_SCHEDULES)}, act_source images (the E4M3 "
                 f"stage images of act_fp8), tile_n 128")
+    if cfg.weights not in FP8_WEIGHT_PATHS:
+        return f"weights {cfg.weights!r}: the FP8-compute weight path is one of {', '.join(FP8_WEIGHT_PATHS)}"
     return None
 
 
@@ -336,6 +337,8 @@ def _problem(cfg: _Cfg) -> Optional[str]:
         reason = _fp8_problem(cfg)
         if reason:
             return reason
+    elif cfg.weights != "regs":
+        return f"weights {cfg.weights!r}: the exact mode's MMA warps load and decode their own weights (regs)"
     if cfg.tile_n == WIDE_TILE_N:
         if cfg.schedule not in ("ws", "ws_streamk") or cfg.act_source != "images":
             return (f"tile_n {cfg.tile_n} with schedule {cfg.schedule} and act_source {cfg.act_source}: three MMA "

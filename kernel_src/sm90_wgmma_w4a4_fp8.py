@@ -13,11 +13,12 @@ Ran on an H100 (session 27) and the H200 (session 28; docs/PERF.md): the selftes
 forms add their accumulators into fp32 sums in SMEM every 1024 k (``sm90_plan.fp8_promotes``): unbroken, the FP8
 tensor cores' accumulation missed fp16's tolerance from K = 12288 on (docs/design.md section 2).
 
-Forms: the images ``ws`` tile of 128 or 208 activation rows by 128 weight rows, four stages, two (or four: ``wsets``)
-raw weight sets.
-The 224- and 256-row tiles keep stack frames (measured on the CPU, session 27: the FP8 decode's eight weight words
-and four scale words per raw set, against four and two in the exact mode), and so does the 208-row one from rank 64
-on: `invalid_reason` says so.
+Forms: the images ``ws`` tile of 128 to 256 activation rows by 128 weight rows, four stages, two or four (``wsets``)
+raw weight sets, and where the MMA warps' raw weights come from (``weights``, `sm90_plan.FP8_WEIGHT_PATHS`): loaded
+from global memory into registers (``regs``), or bulk-copied by the producer into the stages (``staged``).  In the
+register form the 224- and 256-row tiles keep stack frames (measured on the CPU, session 27: the FP8 decode's eight
+weight words and four scale words per raw set, against four and two in the exact mode), and so does the 208-row one
+from rank 64 on; staged, 208-256 rows build up to rank 80.  `invalid_reason` says so.
 """
 from __future__ import annotations
 
@@ -45,11 +46,12 @@ TUNING: dict[str, tuple] = dict(
     tile_k=(FP8_TILE_K,),          # 128 k per stage: one 128-byte row of E4M3
     stages=(3, 4, 6),
     wsets=(2, 4),                  # raw weight sets in flight (k-tiles loaded ahead of their decode)
+    weights=sm90_plan.FP8_WEIGHT_PATHS,   # where the MMA warps' raw weights come from (regs | staged | smem)
     prefetch=(1,), skip_pad=(True,), act_decode=("prmt",), schedule=("ws",), act_source=("images",),
 )
 FIXED = dict(prefetch=1, skip_pad=True, act_decode="prmt", schedule="ws", act_source="images")
 #: the knobs a form may set, beside tiles: their defaults
-FORM_DEFAULTS = dict(wsets=2)
+FORM_DEFAULTS = dict(wsets=2, weights="regs")
 FEATURE_VALUES: dict[str, tuple] = dict(
     out_dtype=("fp16", "bf16"),
     rank=(0, 16, 32, 48, 64, 80, 96, 112, 128),
@@ -58,17 +60,26 @@ FEATURE_VALUES: dict[str, tuple] = dict(
     bias=(False, True),
     scale_layout=("logical",),
 )
-#: the largest tile_m per rank that compiles without a stack frame (CPU, session 27)
+#: the largest tile_m per rank that compiles without a stack frame with weights regs (CPU, session 27)
 _MAX_TILE_M = {0: 208, 16: 208, 32: 208, 48: 208}
+#: with weights staged the 208-, 224- and 256-row tiles compile without a stack frame up to this rank (CPU,
+#: session 29: ranks 0-80 at 224 and 256 rows; rank 96 keeps a frame at 208, 224 and 256)
+_MAX_STAGED_RANK = 80
 
-#: M <= 512: the 128-row tile (more CTAs where 208-row tiles would leave SMs idle); above, the taller one (an H100
-#: sweep of both, session 28: 7-30 % faster at M = 1024 and 4608 on the FLUX shapes; M <= 512 not swept yet).  Then
-#: the deeper ring and the more raw weight sets.
+#: A grid-fill estimate (`svdq_loader.select_rules.Fill`: waves x per-CTA k-steps x tile area x factor), then the
+#: deeper ring, the more raw weight sets, and the register form before the staged one.  The factors are the time per
+#: 128 x 128 tile area of each tile height, relative to the 256-row one, fitted in session 29 (`tools/sm90_sweep.py
+#: ... --compute fp8` at M = 256, 1024, 4608 on three FLUX shapes, on the H200 and again on an H100): 128 rows
+#: 1.36-1.42 (1.29 at M = 1024, where the pre-pass weighs more), 208 rows 1.04-1.09, 224 rows 1.03-1.06.  With them
+#: the rule picks the fastest measured tile height at all nine points of both runs (e.g. M = 4608, N = 3072: 224
+#: rows, four waves of 504 tiles on 132 SMs; M = 1024: 208 rows at N = 3072, one wave of 120 tiles, and 256 rows at
+#: N = 12288).
 SELECTION = [
-    {"m_max": 512, "priority": 0, "prefer": [{"knob": "tile_m", "order": "asc"}, {"knob": "stages", "order": "desc"},
-                                              {"knob": "wsets", "order": "desc"}]},
-    {"m_max": None, "priority": 0, "prefer": [{"knob": "tile_m", "order": "desc"}, {"knob": "stages", "order": "desc"},
-                                               {"knob": "wsets", "order": "desc"}]},
+    {"m_max": None, "priority": 0, "prefer": [
+        {"fill": {"tile": ["tile_m", "tile_n", "tile_k"], "ctas_per_sm": 1,
+                  "factor": {"knob": "tile_m", "values": [[128, 1.4], [208, 1.06], [224, 1.05]]}}},
+        {"knob": "stages", "order": "desc"}, {"knob": "wsets", "order": "desc"},
+        {"knob": "weights", "values": list(sm90_plan.FP8_WEIGHT_PATHS)}]},
 ]
 
 
@@ -86,25 +97,49 @@ def smem_bytes_for(knobs: dict) -> int:
 
 def config_axes(arch: str, section: dict) -> tuple[list[dict], list[str]]:
     """``variants.sm_90a.gemm_w4a4_fp8`` -> knob dicts: ``tiles`` ([[tile_m, 128, 128], ...]), ``stages``
-    ([auto | 3 | 4 | 6]) and ``wsets`` ([2 | 4], default 2), or ``forms`` (a list of such sections, each may list
-    ``ranks``), as the exact family reads them; every other knob is fixed (`FIXED`)."""
+    ([auto | 3 | 4 | 6]), ``wsets`` ([2 | 4], default 2) and ``weights`` ([regs | staged | smem], default regs), or
+    ``forms`` (a list of such sections, each may list ``ranks``), read as the exact family reads them: every
+    combination of a form's values; every other knob is fixed (`FIXED`)."""
     problems: list[str] = []
-    forms = section.get("forms") if "forms" in section else [section]
-    if isinstance(forms, list):
-        for i, form in enumerate(forms):
-            where = f"forms[{i}]." if "forms" in section else ""
-            if isinstance(form, dict):
-                for key in sorted(set(form) - {"tiles", "stages", "ranks", "wsets"}):
-                    problems.append(f"{where}{key}: unknown key (an FP8-compute form sets tiles, stages, wsets and "
-                                    f"ranks; "
-                                    f"its schedule is fixed: {', '.join(f'{k} {v}' for k, v in FIXED.items())})")
+    if "forms" in section:
+        forms = section["forms"]
+        if set(section) - {"forms"}:
+            problems.append(f"{', '.join(sorted(set(section) - {'forms'}))}: not allowed beside forms "
+                            f"(put them inside each form)")
+        if not isinstance(forms, list) or not forms or not all(isinstance(f, dict) for f in forms):
+            return [], problems + [f"forms: {forms!r}: expected a non-empty list of mappings"]
+    else:
+        forms = [section]
+        if "ranks" in section:
+            problems.append("ranks: allowed inside forms only (a form built for some of the config's ranks)")
+    for i, form in enumerate(forms):
+        where = f"forms[{i}]." if "forms" in section else ""
+        for key in sorted(set(form) - {"tiles", "stages", "ranks", *FORM_DEFAULTS}):
+            problems.append(f"{where}{key}: unknown key (an FP8-compute form sets tiles, stages, "
+                            f"{', '.join(FORM_DEFAULTS)} and ranks; "
+                            f"its schedule is fixed: {', '.join(f'{k} {v}' for k, v in FIXED.items())})")
     if problems:
         return [], problems
 
-    def fixed(form):
-        return dict({k: [v] for k, v in FORM_DEFAULTS.items()}, **form, **{k: [v] for k, v in FIXED.items()})
-    sec = dict(section, forms=[fixed(f) for f in section["forms"]]) if "forms" in section else fixed(section)
-    return exact.config_axes(arch, sec)
+    def axes(form: dict, where: str) -> list[dict]:
+        """One form's knob dicts: the exact family's product of its shared keys, times its ``weights``."""
+        form = dict(form)
+        paths = form.pop("weights", [FORM_DEFAULTS["weights"]])
+        if (not isinstance(paths, list) or not paths or not all(isinstance(p, str) for p in paths)
+                or len(set(paths)) != len(paths)):
+            problems.append(f"{where}weights: {paths!r}: expected a non-empty list of distinct names "
+                            f"({', '.join(sm90_plan.FP8_WEIGHT_PATHS)})")
+            return []
+        form = dict({k: [v] for k, v in FORM_DEFAULTS.items() if k != "weights"}, **form,
+                    **{k: [v] for k, v in FIXED.items()})
+        got, probs = exact.config_axes(arch, {"forms": [form]})
+        problems.extend(p.replace("forms[0].", where) for p in probs)
+        return [dict(g, weights=w) for g in got for w in paths]
+
+    out: list[dict] = []
+    for i, form in enumerate(forms):
+        out += [g for g in axes(form, f"forms[{i}]." if "forms" in section else "") if g not in out]
+    return out, problems
 
 
 def resolve(arch: str, knobs: dict) -> dict:
@@ -127,15 +162,24 @@ def invalid_reason(arch: str, knobs: dict) -> Optional[str]:
                 f"keeps an 8-byte stack frame (measured on the CPU, session 28, at rank 32, where the sums' "
                 f"{sm90_plan.promote_bytes(cfg)} B leave room for no more); four stages build at ranks 0, 16 and 48, "
                 f"and the 128-row tile at every rank")
+    if sm90_plan.fp8_promotes(cfg) and cfg.wsets > 2 and tm > 128 and rank > 0 and cfg.weights == "regs":
+        return (f"wsets {cfg.wsets} with fp16 output at tile_m {tm} and rank {rank}: four raw weight sets beside the "
+                f"promotion's and a LoRA chunk's registers spill (measured on the CPU, session 29: 56 bytes at rank 16, "
+                f"also rank 48; rank 0 builds); two sets build, and the 128-row tile takes four")
     if sm90_plan.fp8_promotes(cfg) and cfg.wsets > 2 and rank >= 128:
         return (f"wsets {cfg.wsets} with fp16 output at rank {rank}: four raw weight sets beside the promotion and a "
                 f"LoRA of two chunks keep an 8-byte stack frame (measured on the CPU, session 28: rank 128); two sets "
                 f"build")
-    if tm > 128 and tm > _MAX_TILE_M.get(rank, 128) and sm90_plan.FP8_WEIGHTS == "regs":
-        return (f"tile_m {tm} at rank {rank}: the FP8-compute MMA warps hold eight weight words and four scale words "
-                f"per raw set (twice the exact mode's) beside {tm // 2} accumulators, and ptxas keeps a stack frame "
-                f"(measured on the CPU: 224 and 256 rows at every rank, 208 rows from rank 64 on); 128 rows build at "
-                f"every rank, 208 up to rank 48")
+    if tm > 128 and tm > _MAX_TILE_M.get(rank, 128) and cfg.weights == "regs":
+        return (f"tile_m {tm} at rank {rank} with weights regs: the FP8-compute MMA warps hold eight weight words and "
+                f"four scale words per raw set (twice the exact mode's) beside {tm // 2} accumulators, and ptxas keeps "
+                f"a stack frame (measured on the CPU: 224 and 256 rows at every rank, 208 rows from rank 64 on); 128 "
+                f"rows build at every rank, 208 up to rank 48, and with weights staged 208-256 rows up to rank "
+                f"{_MAX_STAGED_RANK}")
+    if tm > 128 and rank > _MAX_STAGED_RANK and cfg.weights == "staged":
+        return (f"tile_m {tm} at rank {rank} with weights staged: {tm // 2} accumulators beside a LoRA of more than "
+                f"{_MAX_STAGED_RANK} keep a stack frame (measured on the CPU, session 29: rank 96 at 208, 224 and 256 "
+                f"rows); the 128-row tile builds at every rank")
     return _problem(cfg)
 
 

@@ -127,9 +127,12 @@ def test_torch_module_takes_the_compute_mode():
 
 
 def test_selection_takes_the_fp8_forms_the_promotion_leaves(tmp_path):
-    """The FP8 forms of configs/sm90_fp8.yaml at ranks 32 and 128, both dtypes: above M = 512 the 208-row tile, except
-    fp16 at rank 32, which the fp32 sums leave to the 128-row one; at rank 128 the four-set 128-row tile, except fp16,
-    which keeps a stack frame there and takes the two-set form the config adds for it."""
+    """The FP8 forms of configs/sm90_fp8.yaml at ranks 32 and 128, both dtypes, ranked by the grid-fill estimate.
+    bf16 at rank 32 gets the tile height that was fastest in session 29's sweeps (H200 and H100): 224 rows at M = 4608,
+    N = 3072 (four waves of 504 tiles), 256 rows at N = 12288, 208 rows at M = 1024, N = 3072 (one wave of 120), the
+    128-row tile at M <= 256, N = 3072.  fp16 at rank 32 takes the 128-row tile (the fp32 sums leave no room for the
+    taller ones); at rank 128 the four-set 128-row tile, except fp16, which keeps a stack frame there and takes the
+    two-set form the config adds for it."""
     pytest.importorskip("cutlass")
     import yaml
     from pathlib import Path
@@ -145,11 +148,18 @@ def test_selection_takes_the_fp8_forms_the_promotion_leaves(tmp_path):
     fam = registry.family("gemm_w4a4_fp8", "sm_90a")
     key = ("gemm_w4a4_fp8", "sm_90a", fam.NAME)
     rules = {key: Rule(*key, parse_buckets(fam.SELECTION, "SELECTION", list(fam.TUNING)))}
-    want = {("bf16", 32, 4608): (208, 2), ("fp16", 32, 4608): (128, 4), ("bf16", 32, 64): (128, 4),
-            ("bf16", 128, 64): (128, 4), ("fp16", 128, 64): (128, 2), ("fp16", 128, 4608): (128, 2)}
-    for (dt, r, m), (tm, ws) in want.items():
+    want = {("bf16", 32, 4608, 3072, 3072): (224, 4, "staged"), ("bf16", 32, 4608, 12288, 3072): (224, 4, "staged"),
+            ("bf16", 32, 4608, 3072, 12288): (256, 4, "staged"), ("bf16", 32, 1024, 3072, 3072): (208, 4, "regs"),
+            ("bf16", 32, 1024, 12288, 3072): (208, 4, "regs"), ("bf16", 32, 1024, 3072, 12288): (256, 4, "staged"),
+            ("bf16", 32, 256, 3072, 3072): (128, 4, "regs"), ("bf16", 32, 256, 3072, 12288): (256, 4, "staged"),
+            ("fp16", 32, 4608, 3072, 3072): (128, 4, "regs"), ("bf16", 32, 64, 3072, 3072): (128, 4, "regs"),
+            ("bf16", 128, 64, 3072, 3072): (128, 4, "regs"), ("fp16", 128, 64, 3072, 3072): (128, 2, "regs"),
+            ("fp16", 128, 4608, 3072, 3072): (128, 2, "regs"), ("bf16", 128, 4608, 3072, 3072): (128, 4, "regs"),
+            ("bf16", 32, 4608, 3328, 3072): (208, 2, "regs")}       # K = 13 x 256: only the two-set forms
+    for (dt, r, m, k, n), (tm, ws, wp) in want.items():
         p = select.Problem("gemm_w4a4_fp8", "sm_90a", (dt, r, True, True, "logical"),
-                           (("m", m), ("n", 3072), ("k", 3072)))
+                           (("m", m), ("n", n), ("k", k)))
         ex = select.explain(entries, rules, p)
         assert ex.chosen is not None, ex.text()
-        assert (ex.chosen.knobs["tile_m"], ex.chosen.knobs["wsets"]) == (tm, ws), (dt, r, m, ex.text())
+        got = (ex.chosen.knobs["tile_m"], ex.chosen.knobs["wsets"], ex.chosen.knobs["weights"])
+        assert got == (tm, ws, wp), (dt, r, m, k, n, ex.text())

@@ -39,7 +39,9 @@ def test_families_are_registered_with_their_ops():
 
 @pytest.mark.parametrize("kw, words", [
     (dict(tile_m=224), ["tile_m 224", "stack frame", "208 up to rank 48"]),
-    (dict(tile_m=256, rank=0), ["tile_m 256", "stack frame"]),
+    (dict(tile_m=256, rank=0), ["tile_m 256", "stack frame", "with weights staged 208-256 rows up to rank 80"]),
+    (dict(tile_m=256, rank=96, weights="staged"), ["rank 96 with weights staged", "stack frame"]),
+    (dict(tile_m=208, rank=16, out_dtype="fp16", wsets=4), ["wsets 4 with fp16 output at tile_m 208", "spill"]),
     (dict(tile_m=208, rank=64), ["tile_m 208 at rank 64"]),
     (dict(wcscale=False), ["wcscale False"]),
     (dict(tile_k=64), ["tile_k 64"]),
@@ -56,6 +58,9 @@ def test_valid_forms_and_requirements():
     for tm, ranks in ((128, (0, 16, 32, 48, 64, 96, 128)), (208, (0, 16, 32, 48))):
         for r in ranks:
             assert fam.invalid_reason(ARCH, knobs(tile_m=tm, rank=r)) is None, (tm, r)
+    for tm in (208, 224, 256):
+        for r in (0, 16, 32, 48, 64, 80):
+            assert fam.invalid_reason(ARCH, knobs(tile_m=tm, rank=r, weights="staged")) is None, (tm, r)
     assert fam.requirements(ARCH, knobs()) == {"n_multiple": 128, "k_multiple": 256}
     assert pre.requirements(ARCH, {"scale_layout": "logical"}) == {"k_multiple": 256}
     assert fam.invalid_reason("sm_100a", knobs()).startswith("arch sm_100a is not built")
@@ -253,7 +258,7 @@ def _stage_layout_offsets(coords):
 
 
 def test_smem_weight_stores_land_in_the_wgmma_stage_layout():
-    """SVDQ_KERNEL_SM90_FP8_WEIGHTS=smem: every register of four E4M3 values a decoding thread stores goes where the
+    """weights smem: every register of four E4M3 values a decoding thread stores goes where the
     shared-memory wgmma reads that row and k, and the 128 threads fill a 128-row weight stage exactly once."""
     from svdq_kernels.sm90_plan import fp8_weight_store_offset
     stores, coords = [], []
@@ -269,14 +274,13 @@ def test_smem_weight_stores_land_in_the_wgmma_stage_layout():
     assert covered == list(range(128 * 128))
 
 
-def test_smem_weights_build_shared_memory_wgmmas_and_a_decoding_warpgroup(tmp_path, monkeypatch):
-    """SVDQ_KERNEL_SM90_FP8_WEIGHTS=smem (an experiment build; session 28 ran it on an H100: every variant passed the
-    selftest, no faster than the register form): warpgroup 0 decodes the weights into E4M3 stages and the MMA
+def test_smem_weights_build_shared_memory_wgmmas_and_a_decoding_warpgroup(tmp_path):
+    """weights smem (an experiment form; session 28 ran it on an H100: every variant passed the selftest, no faster
+    than the register form): warpgroup 0 decodes the weights into E4M3 stages and the MMA
     warps' main loop is shared-memory QGMMA only.  The 256-row tile the register form refuses builds without a
     stack frame, with 120 / 192 registers for the decoding / MMA warps, and the main loop holds no weight decode."""
     from svdq_kernels import sm90_plan
-    monkeypatch.setattr(sm90_plan, "FP8_WEIGHTS", "smem")
-    k = knobs(tile_m=256, rank=32)
+    k = knobs(tile_m=256, rank=32, weights="smem")
     assert fam.invalid_reason(ARCH, k) is None
     cfg = sm90_plan._cfg_of(k, "fp8")
     assert sm90_plan.ws_regs(cfg) == (168, 120, 192)
@@ -294,30 +298,36 @@ def test_smem_weights_build_shared_memory_wgmmas_and_a_decoding_warpgroup(tmp_pa
     assert len(re.findall(r"\bSTS\b", sass)) >= 2 * 32                # 32 E4M3 registers per thread and k-tile
 
 
-def test_the_weights_switch_names_its_values():
-    import os
-    import subprocess
-    import sys
-    r = subprocess.run([sys.executable, "-c", "import svdq_kernels.sm90_plan"], capture_output=True, text=True,
-                       env=dict(os.environ, SVDQ_KERNEL_SM90_FP8_WEIGHTS="tmem"))
-    assert r.returncode != 0
-    want = "SVDQ_KERNEL_SM90_FP8_WEIGHTS='tmem': the FP8-compute weight path must be one of regs, staged, smem"
-    assert want in r.stderr
+def test_the_weights_knob_names_its_values():
+    assert "weights 'tmem' not supported" in fam.invalid_reason(ARCH, knobs(weights="tmem"))
+    got, probs = fam.config_axes(ARCH, {"forms": [{"tiles": [[128, 128, 128]], "weights": "staged"}]})
+    assert got == [] and probs == ["forms[0].weights: 'staged': expected a non-empty list of distinct names "
+                                   "(regs, staged, smem)"]
+    from svdq_kernels import sm90_plan
+    exact_knobs = {k: v for k, v in knobs(schedule="ws").items()}
+    exact_knobs.update(weights="staged", tile_k=64)
+    assert "the exact mode's MMA warps load and decode their own weights" in \
+        sm90_plan._problem(sm90_plan._cfg_of(exact_knobs))
 
 
 def test_forms_may_set_the_raw_weight_sets():
     got, probs = fam.config_axes(ARCH, {"forms": [{"tiles": [[128, 128, 128]], "wsets": [2, 4]},
                                                   {"tiles": [[208, 128, 128]]}]})
-    assert not probs and [(g["tile_m"], g["wsets"]) for g in got] == [(128, 2), (128, 4), (208, 2)]
+    assert not probs and [(g["tile_m"], g["wsets"], g["weights"]) for g in got] == [
+        (128, 2, "regs"), (128, 4, "regs"), (208, 2, "regs")]
+    got, probs = fam.config_axes(ARCH, {"forms": [{"tiles": [[224, 128, 128], [256, 128, 128]], "weights": ["staged"],
+                                                   "ranks": [32]}]})
+    assert not probs and [(g["tile_m"], g["weights"], g["_only"]) for g in got] == [
+        (224, "staged", {"rank": (32,)}), (256, "staged", {"rank": (32,)})]
     assert fam.requirements(ARCH, knobs(wsets=4)) == {"n_multiple": 128, "k_multiple": 512}
     assert "wsets 3" in fam.invalid_reason(ARCH, knobs(wsets=3))
 
 
 @pytest.mark.parametrize("unroll", [4, 8])
 def test_act_fp8_deeper_loop_steps_keep_k_a_multiple_of_256(unroll, tmp_path, monkeypatch):
-    """SVDQ_KERNEL_SM90_ACT_FP8_UNROLL=4 / 8 (an experiment build, not yet run): that many k-tiles' 8-byte code loads
-    issued together in the loop, the k-tiles past K skipped in the last step (so K stays a multiple of 256), the
-    row-max phase's four rows loaded together; no stack frame, and the default build is unchanged."""
+    """SVDQ_KERNEL_SM90_ACT_FP8_UNROLL=4 / 8 (8 is the default since session 29): that many k-tiles' 8-byte code
+    loads issued together in the loop, the k-tiles past K skipped in the last step (so K stays a multiple of 256),
+    the row-max phase's four rows loaded together; no stack frame."""
     from svdq_kernels import sm90_act_fp8
     monkeypatch.setattr(sm90_act_fp8, "K_UNROLL", unroll)
     assert pre.requirements(ARCH, {"scale_layout": "logical"}) == {"k_multiple": 256}
@@ -342,15 +352,14 @@ def test_the_act_fp8_switch_names_its_values():
     assert "SVDQ_KERNEL_SM90_ACT_FP8_UNROLL=3: the act_fp8 loop step must be 2, 4 or 8 k-tiles" in r.stderr
 
 
-def test_staged_raw_weights_build_the_256_row_register_form(tmp_path, monkeypatch):
-    """SVDQ_KERNEL_SM90_FP8_WEIGHTS=staged (an experiment build, not yet run): the producer bulk-copies each k-tile's
+def test_staged_raw_weights_build_the_256_row_register_form(tmp_path):
+    """weights staged (ran on the H200 in session 29: exact against the reference): the producer bulk-copies each k-tile's
     raw weight words and scales into the stage beside its activations (one copy for the image rows, two per 64-row
     block), the MMA warps read them with 16-byte shared loads instead of holding raw sets in registers, and decode
     into register fragments as before; so the 256-row tile, refused in the register form, builds without a stack
     frame, and no global weight load is left in the MMA warps' main loop."""
     from svdq_kernels import sm90_plan
-    monkeypatch.setattr(sm90_plan, "FP8_WEIGHTS", "staged")
-    k = knobs(tile_m=256, rank=32)
+    k = knobs(tile_m=256, rank=32, weights="staged")
     assert fam.invalid_reason(ARCH, k) is None
     plan = sm90_plan._smem_plan(sm90_plan._cfg_of(k, "fp8"))
     assert plan["main_bytes"] == plan["w_offset"] + 4 * 2 * sm90_plan.FP8_RAW_BLOCK_BYTES
