@@ -34,7 +34,7 @@ TUNING: dict[str, tuple] = dict(
     tile_m=(16, 64, 128, 208, 224, 256),   # 16: the gemv form only; 208, 224: act_source images only
     # weight rows per tile: two MMA warpgroups of tile_n/128 64-row wgmma atoms each.  256 only with
     # schedule ws (coop spilled: 8-byte stack frame at 255 registers, rank 64 and 128); 192: three MMA warpgroups of
-    # one atom (ws, act_source images; an experiment form, not yet run)
+    # one atom (ws, act_source images; run on an H100 in session 29, in configs/flux.yaml for M > 256)
     tile_n=(64, 128, 192, 256),   # 64: the gemv form only (one 64-row fragment block, 4 warps)
     tile_k=(64,),           # k per pipeline step (one 128-byte swizzle row of fp16)
     # activation SMEM stages.  `auto` takes the deepest of AUTO_STAGES that fits (3 and 4: the depths every shipped
@@ -123,6 +123,15 @@ _FILL = {"fill": {"tile": ["tile_m", "tile_n", "tile_k"], "ctas_per_sm": 1,
                              # estimate from ever preferring it over a wgmma form (above M = 16 it lost, session 9)
                              {"knob": "schedule", "values": [["gemv", 100.0]]}],
                   "split": {"knob": "schedule", "values": [["ws_splitk2", 2, 12], ["ws_splitk4", 4, 22]]}}}
+#: Above M = 256 the 128 x 192 images tile (three MMA warpgroups) costs 0.79 x what the table above gives a
+#: 128-row images tile per unit of area (session 29, H100: 33.9 against 34.6 µs for the 208-row tile at M = 1024,
+#: K = N = 3072, one wave each of 1.5 and 1.625 units; 2-4 % faster than the 208-row tile at M = 1024 and 2048 on
+#: three FLUX shapes).  At M <= 256 it was measured only beside the images forms (session 27), not beside the forms
+#: the selection takes there, so those buckets never prefer it.
+_FILL_N192 = {"fill": dict(_FILL["fill"], factor=_FILL["fill"]["factor"] + [
+    {"knob": ["tile_m", "tile_n"], "values": [[[128, 192], 0.79]]}])}
+_FILL_SMALL = {"fill": dict(_FILL["fill"], factor=_FILL["fill"]["factor"] + [
+    {"knob": ["tile_m", "tile_n"], "values": [[[128, 192], 100.0]]}])}
 _FORMS = [{"knob": "act_decode", "values": ["prmt", "shift"]}, {"knob": "skip_pad", "values": [True, False]}]
 #: M <= 16: the gemv form first, where it is built, and of its tiles the 16-row one (session 9, docs/PERF.md: the
 #: 16 x 128 gemv tile is 1.30-1.55x faster than the best wgmma form at all four (K, N) measured at M = 1 and 16,
@@ -136,18 +145,18 @@ _SMALL = [{"knob": "schedule", "values": ["gemv"]}, {"knob": "tile_m", "values":
           {"knob": "tile_n", "values": [64], "when": {"dim": "n", "min": 9216}},
           {"knob": "tile_n", "values": [128], "when": {"dim": "n", "max": 9215}}]
 SELECTION = [
-    {"m_max": 16, "priority": 0, "prefer": _SMALL + [_FILL, {"knob": "tile_m", "order": "asc"},
+    {"m_max": 16, "priority": 0, "prefer": _SMALL + [_FILL_SMALL, {"knob": "tile_m", "order": "asc"},
                                                       {"knob": "act_source", "values": ["nvfp4", "images"]},
                                                       {"knob": "schedule", "values": ["ws", "coop", "ws_splitk2",
                                                                                       "ws_splitk4"]},
                                                       {"knob": "stages", "order": "desc"},
                                                       {"knob": "prefetch", "order": "desc"}] + _FORMS},
-    {"m_max": 256, "priority": 0, "prefer": [_FILL, {"knob": "tile_m", "order": "asc"},
+    {"m_max": 256, "priority": 0, "prefer": [_FILL_SMALL, {"knob": "tile_m", "order": "asc"},
                                               {"knob": "act_source", "values": ["nvfp4", "images"]},
                                               {"knob": "schedule", "values": ["ws", "coop", "ws_splitk2", "ws_splitk4"]},
                                               {"knob": "stages", "order": "desc"},
                                               {"knob": "prefetch", "order": "desc"}] + _FORMS},
-    {"m_max": None, "priority": 0, "prefer": [_FILL, {"knob": "tile_m", "order": "desc"},
+    {"m_max": None, "priority": 0, "prefer": [_FILL_N192, {"knob": "tile_m", "order": "desc"},
                                                {"knob": "act_source", "values": ["images", "nvfp4"]},
                                                {"knob": "schedule", "values": ["ws", "coop", "ws_splitk2", "ws_splitk4"]},
                                                {"knob": "stages", "order": "desc"},
