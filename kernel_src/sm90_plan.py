@@ -95,8 +95,9 @@ if FP8_BUFFERS not in (2, 3):
 #: ``regs`` has each MMA warp load its raw weight words from global memory into registers (``wsets`` k-tiles ahead)
 #: and decode its own fragments, between two k-tiles' wgmmas; ``staged`` keeps that register decode, but the
 #: producer bulk-copies each k-tile's raw weight words and scales into the stage beside its activations, where the
-#: MMA warps read them (no raw weight sets in their registers, so the 224- and 256-row tiles build: H200, session
-#: 29, 5-12 % faster than the 208-row register form at M = 4608); ``smem`` has warpgroup 0 (which in an images form
+#: MMA warps read them (no raw weight sets in their registers, so the 224- and 256-row tiles build; session 29, at
+#: M = 4608, against the 208-row register form: 256 rows 5-7 % faster on the H200, 224 rows 12-13 % at N = 3072 on
+#: an H100); ``smem`` has warpgroup 0 (which in an images form
 #: only copies the activations) decode each k-tile's 128 weight rows once into an E4M3 stage beside the activation
 #: stage, and the MMA warps issue shared-memory wgmmas only (an experiment form: correct on an H100 in session 28,
 #: no faster; docs/PERF.md).

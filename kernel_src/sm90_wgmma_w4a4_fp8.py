@@ -164,8 +164,8 @@ def invalid_reason(arch: str, knobs: dict) -> Optional[str]:
                 f"and the 128-row tile at every rank")
     if sm90_plan.fp8_promotes(cfg) and cfg.wsets > 2 and tm > 128 and rank > 0 and cfg.weights == "regs":
         return (f"wsets {cfg.wsets} with fp16 output at tile_m {tm} and rank {rank}: four raw weight sets beside the "
-                f"promotion's and a LoRA chunk's registers spill (measured on the CPU, session 29: 56 bytes at rank 16, "
-                f"also rank 48; rank 0 builds); two sets build, and the 128-row tile takes four")
+                f"promotion's and a LoRA chunk's registers spill (measured on the CPU, session 29: 56 bytes at rank "
+                f"16, also rank 48; rank 0 builds); two sets build, and the 128-row tile takes four")
     if sm90_plan.fp8_promotes(cfg) and cfg.wsets > 2 and rank >= 128:
         return (f"wsets {cfg.wsets} with fp16 output at rank {rank}: four raw weight sets beside the promotion and a "
                 f"LoRA of two chunks keep an 8-byte stack frame (measured on the CPU, session 28: rank 128); two sets "

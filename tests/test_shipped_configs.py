@@ -28,14 +28,16 @@ def test_flux_builds_the_measured_sm90_forms():
     decoding with four raw activation sets and four weight sets, ws reading decode_act's
     images at the 256-row one, unsplit and split over 4 CTAs, and unsplit at 224- and 208-row ones (fuller waves
     at N = 3072 and M = 1024; less padding at M = 1024 and 2048), the 128 x 192 images tile (three MMA warpgroups,
-    four weight sets, every rank: M = 1024 and 2048, and rank 128 above M = 256), and coop at 256 rows for rank 128, which the images
+    four weight sets, every rank: M = 1024 and 2048, and rank 128 above M = 256), and coop at 256 rows for rank 128,
+    which the images
     forms do not fit, built for rank 128 only, and the gemv form's 16 x 128 and 16 x 64 tiles for M <= 16), for every feature
     combination; the images forms' pre-pass is built too."""
     cfg = load_config(ROOT / "configs" / "flux.yaml")
     valid, rejected = enumerate_variants(cfg)
     gemm = [v for v in valid if v.op == "gemm_w4a4" and v.arch == "sm_90a"]
     forms = {(v.knob_dict["tile_m"], v.knob_dict["schedule"], v.knob_dict["prefetch"]) for v in gemm}
-    assert forms == {(128, "ws", 2), (128, "ws", 1), (256, "ws", 1), (224, "ws", 1), (208, "ws", 1), (128, "ws_splitk2", 2), (128, "ws_splitk4", 2),
+    assert forms == {(128, "ws", 2), (128, "ws", 1), (256, "ws", 1), (224, "ws", 1), (208, "ws", 1),
+                     (128, "ws_splitk2", 2), (128, "ws_splitk4", 2),
                      (64, "ws", 1), (64, "ws_splitk4", 4), (256, "coop", 1), (256, "ws_splitk2", 1), (256, "ws_splitk4", 1),
                      (16, "gemv", 1)}
     assert {v.knob_dict["tile_n"] for v in gemm if v.knob_dict["schedule"] == "gemv"} == {64, 128}

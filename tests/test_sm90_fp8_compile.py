@@ -353,11 +353,11 @@ def test_the_act_fp8_switch_names_its_values():
 
 
 def test_staged_raw_weights_build_the_256_row_register_form(tmp_path):
-    """weights staged (ran on the H200 in session 29: exact against the reference): the producer bulk-copies each k-tile's
-    raw weight words and scales into the stage beside its activations (one copy for the image rows, two per 64-row
-    block), the MMA warps read them with 16-byte shared loads instead of holding raw sets in registers, and decode
-    into register fragments as before; so the 256-row tile, refused in the register form, builds without a stack
-    frame, and no global weight load is left in the MMA warps' main loop."""
+    """weights staged (ran on the H200 in session 29: exact against the reference): the producer bulk-copies each
+    k-tile's raw weight words and scales into the stage beside its activations (one copy for the image rows, two per
+    64-row block), the MMA warps read them with 16-byte shared loads instead of holding raw sets in registers, and
+    decode into register fragments as before; so the 256-row tile, refused in the register form, builds without a
+    stack frame, and no global weight load is left in the MMA warps' main loop."""
     from svdq_kernels import sm90_plan
     k = knobs(tile_m=256, rank=32, weights="staged")
     assert fam.invalid_reason(ARCH, k) is None
