@@ -373,3 +373,33 @@ def test_staged_raw_weights_build_the_256_row_register_form(tmp_path):
     body = [t for a, t in instructions(sass) if main["start"] <= a <= main["end"]]
     assert sum(bool(re.search(r"\bLDS\.128\b", t)) for t in body) == 2 * 3       # words and scales of two k-tiles
     assert not any(re.search(r"\bLDG\b", t) for t in body)
+
+
+def test_every_shipped_fp8_variant_runs_its_main_loop_on_fp8_qgmma_without_spills(tmp_path):
+    """Issue 12's static check over every variant `configs/sm90_fp8.yaml` ships for the mode (its gemm_w4a4_fp8 and
+    act_fp8 sections, built for real with `-j 2`): each GEMM's SASS has the tile's E4M3 x E4M3 ``QGMMA`` with the
+    weight as the register A operand in its main loop, and no local-memory traffic (no spill); the pre-pass has none
+    either.  The build itself refuses a stack frame and a PTX without the FP8 wgmma; this reads the SASS."""
+    import yaml
+    from pathlib import Path
+
+    from svdq_aot.build import build
+    src = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "sm90_fp8.yaml").read_text())
+    src["variants"]["sm_90a"] = {k: src["variants"]["sm_90a"][k] for k in ("gemm_w4a4_fp8", "act_fp8")}
+    path = tmp_path / "fp8.yaml"
+    path.write_text(yaml.safe_dump(src))
+    out = tmp_path / "art"
+    m = build(path, out, jobs=2)
+    gemms = [v for v in m.variants if v.op == "gemm_w4a4_fp8"]
+    assert len(gemms) >= 12 and {v.knobs["weights"] for v in gemms} == {"regs", "staged"}
+    assert {v.knobs["tile_m"] for v in gemms} == {128, 208, 224, 256}
+    for v in m.variants:
+        sass = sass_of_cubin((out / v.cubin).read_bytes(), tmp_path)
+        assert not re.search(r"\b(STL|LDL)\b", sass), v.name
+        if v.op != "gemm_w4a4_fp8":
+            continue
+        tm = v.knobs["tile_m"]
+        main = min((lp for lp in loops(instructions(sass)) if lp["hmma"]), key=lambda lp: lp["instructions"])
+        body = [t for a, t in instructions(sass) if main["start"] <= a <= main["end"]]
+        qgmma = [t for t in body if re.search(rf"QGMMA\.64x{tm}x32\.F32\.E4M3\.E4M3 R\d+, R\d+", t)]
+        assert qgmma and len(qgmma) == main["hmma"], (v.name, main)
