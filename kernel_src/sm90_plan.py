@@ -27,10 +27,10 @@ WS_ENTRY_REGS = 65536 // WS_THREADS // 8 * 8          # 168
 WS_CONSUMER_REGS = 216
 WS_PRODUCER_REGS = (WS_THREADS * WS_ENTRY_REGS - 256 * WS_CONSUMER_REGS) // 128 // 8 * 8
 assert 128 * WS_PRODUCER_REGS + 256 * WS_CONSUMER_REGS <= WS_THREADS * WS_ENTRY_REGS
-#: tile_n 192 (an experiment form: ws, act_source images, not yet run): THREE MMA warpgroups of one 64-row atom
-#: each, 512 threads, so 128 registers per thread at launch.  The images producer (one thread issues the bulk
-#: copies) drops to 24, the MMA warps rise to 160: 128 x 24 + 384 x 160 = 64512 <= 512 x 128.  Measured on the CPU
-#: (session 23): the 128-row ws images tile compiles at 160 MMA registers, ranks 32 and 64, two and four weight
+#: tile_n 192 (ws, act_source images; run on an H100 in session 29, in configs/flux.yaml): THREE MMA warpgroups of
+#: one 64-row atom each, 512 threads, so 128 registers per thread at launch.  The images producer (one thread issues
+#: the bulk copies) drops to 24, the MMA warps rise to 160: 128 x 24 + 384 x 160 = 64512 <= 512 x 128.  Measured on
+#: the CPU (session 23): the 128-row ws images tile compiles at 160 MMA registers, ranks 32 and 64, two and four weight
 #: sets, with no stack frame and no full wgmma wait in its main loop; so does this tile at every rank 0-128.
 WIDE_TILE_N = 192
 WIDE_REGS = (65536 // 512 // 8 * 8, 24, 160)     # (at launch, producer, MMA warps)
@@ -503,7 +503,7 @@ def split_k_share(rank, num_kt, ksplit: int):
 #: of S CTAs, each over K / S; ranks 1.. hand their partial sums to rank 0 through distributed SMEM
 #: "gemv": the small-M form (sm90_gemv_kernel: mma.sync, no producer; its K split is chosen at launch)
 #: "ws_streamk": ws over equal ranges of (tile, k-tile group) units, one persistent CTA per SM; a tile split over CTAs
-#: meets in the workspace after the stage images (`svdq_loader.ops.gemm_streamk`; an experiment, not yet run)
+#: meets in the workspace after the stage images (`svdq_loader.ops.gemm_streamk`; an experiment, timed in session 27)
 SCHEDULES = {"coop": (False, 1), "ws": (True, 1), "ws_splitk2": (True, 2), "ws_splitk4": (True, 4),
              "gemv": (False, 1), "ws_streamk": (True, 1)}
 

@@ -52,7 +52,7 @@ Two schedules (knob ``schedule``) run that same arithmetic:
   the images ``ws`` schedule with E4M3 operands, ``wgmma.m64nNk32`` E4M3 x E4M3, 128-k k-tiles, the weight rounded
   once to E4M3 in registers with its scale and ``rw`` folded in (``_decode_w_fp8``), and an epilogue that multiplies
   by ``1 / ra`` per activation row (``_fp8_col_scale``) before the coefficient, the LoRA and the bias.
-* tile_n 192 (``ws``, ``act_source`` images; an experiment form, built and statically checked, not yet run):
+* tile_n 192 (``ws``, ``act_source`` images; run on an H100 in session 29, in configs/flux.yaml for M > 256):
   three MMA warpgroups of one 64-row atom each, 512 threads, registers split 24 / 160 out of 512 x 128
   (``sm90_plan.ws_regs``).  At M = 1024, N = 3072 its 128 x 192 tiles make one wave of 128 CTAs on 132 SMs, each
   with 7.7 % less MMA work than the 208 x 128 tile's 120 (docs/PERF.md, session 23).
@@ -64,7 +64,7 @@ Two schedules (knob ``schedule``) run that same arithmetic:
   partial sums into their own stages (idle by then), a cluster barrier (joined by every thread, producers
   included) publishes them, rank 0 adds them one peer at a time through ``mapa`` + ``ld.shared::cluster``,
   a second cluster barrier keeps the peers' SMEM alive until read, and rank 0 alone runs the epilogue.
-* ``ws_streamk`` (``act_source`` images; an experiment form, built and statically checked, not yet run): the ``ws``
+* ``ws_streamk`` (``act_source`` images; an experiment form, timed on an H100 in session 27, not shipped): the ``ws``
   kernel with grid = min(units, sm_count), where a unit is one tile's group of ``k_unroll`` k-tiles.  CTA b walks
   the units [b·U/G, (b+1)·U/G) tile by tile (``svdq_loader.ops.gemm_streamk``: ``segment``), producer and MMA
   warps alike, so every SM works where N / tile_n tiles would leave some idle.  A whole tile ends as in ``ws``.  A

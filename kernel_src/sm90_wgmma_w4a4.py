@@ -38,7 +38,8 @@ TUNING: dict[str, tuple] = dict(
     tile_n=(64, 128, 192, 256),   # 64: the gemv form only (one 64-row fragment block, 4 warps)
     tile_k=(64,),           # k per pipeline step (one 128-byte swizzle row of fp16)
     # activation SMEM stages.  `auto` takes the deepest of AUTO_STAGES that fits (3 and 4: the depths every shipped
-    # form ran with); 6, 8 and 12 only where a config names them (an experiment, session 24, not yet run: an images
+    # form ran with); 6, 8 and 12 only where a config names them (an experiment, session 24; on an H100 in session 27
+    # within +-3 % of four stages, not shipped: an images
     # producer can copy at most stages - 2 k-tiles ahead of the MMA warps, which at tile_m 64 is 16 KB in flight)
     stages=(3, 4, 6, 8, 12),
     # k-tiles of raw bytes in flight in registers: 1 = loaded one k-tile ahead (the measured kernel);
@@ -61,7 +62,8 @@ TUNING: dict[str, tuple] = dict(
     # there on the H200, docs/PERF.md session 5)
     # "gemv": the small-M form (its own kernel, sm90_gemv_kernel): mma.sync warps that stream their weight through
     # a per-thread cp.async ring, with no producer / consumer handshake; K split over a cluster sized at launch
-    # "ws_streamk" (an experiment, session 24, not yet run): ws, act_source images, one CTA per SM over an equal range
+    # "ws_streamk" (an experiment, session 24; timed on an H100 in session 27, not shipped): ws, act_source images,
+    # one CTA per SM over an equal range
     # of (tile, group of k-tiles) units, so every SM works where N / tile_n tiles leave some idle (M <= 256); a tile
     # split over CTAs meets in a workspace after the stage images (svdq_loader.ops.gemm_streamk)
     schedule=("coop", "ws", "ws_splitk2", "ws_splitk4", "gemv", "ws_streamk"),
