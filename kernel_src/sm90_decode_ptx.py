@@ -140,26 +140,28 @@ def _sts_v4f(saddr, a, b, c, d, *, loc=None, ip=None):
                     is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
+def _lds_v4(saddr, dsl_type, ptx_type: str, mlir_name: str, *, loc=None, ip=None):
+    """Four 32-bit values of `ptx_type` at the 32-bit shared address `saddr` (``ld.shared.v4``; volatile, so it is
+    neither merged nor moved across the waits and writes that make the bytes visible)."""
+    from cutlass._mlir import ir
+    st = ir.Type.parse(f"!llvm.struct<({mlir_name},{mlir_name},{mlir_name},{mlir_name})>")
+    c = "f" if ptx_type == "f32" else "r"
+    r = llvm.inline_asm(st, [Int32(saddr).ir_value()], f"ld.shared.v4.{ptx_type} {{$0, $1, $2, $3}}, [$4];",
+                        f"={c},={c},={c},={c},r", has_side_effects=True, is_align_stack=False,
+                        asm_dialect=llvm.AsmDialect.AD_ATT)
+    return [dsl_type(llvm.extractvalue(dsl_type.mlir_type, r, [i])) for i in range(4)]
+
+
 @dsl_user_op
 def _lds_v4f(saddr, *, loc=None, ip=None):
-    """Four fp32 at the 32-bit shared address `saddr` (ld.shared.v4.f32; volatile: it reads what this thread's own
-    `_sts_v4f` wrote before it, with no fence between)."""
-    from cutlass._mlir import ir
-    st = ir.Type.parse("!llvm.struct<(f32,f32,f32,f32)>")
-    r = llvm.inline_asm(st, [Int32(saddr).ir_value()], "ld.shared.v4.f32 {$0, $1, $2, $3}, [$4];", "=f,=f,=f,=f,r",
-                        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-    return [Float32(llvm.extractvalue(Float32.mlir_type, r, [i])) for i in range(4)]
+    """Four fp32 at `saddr` (what this thread's own `_sts_v4f` wrote before it, with no fence between)."""
+    return _lds_v4(saddr, Float32, "f32", "f32")
 
 
 @dsl_user_op
 def _lds_v4u(saddr, *, loc=None, ip=None):
-    """Four 32-bit words at the 32-bit shared address `saddr` (ld.shared.v4.u32; after the mbarrier wait that made
-    them visible)."""
-    from cutlass._mlir import ir
-    st = ir.Type.parse("!llvm.struct<(i32,i32,i32,i32)>")
-    r = llvm.inline_asm(st, [Int32(saddr).ir_value()], "ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r",
-                        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-    return [Int32(llvm.extractvalue(Int32.mlir_type, r, [i])) for i in range(4)]
+    """Four 32-bit words at `saddr` (after the mbarrier wait that made them visible)."""
+    return _lds_v4(saddr, Int32, "u32", "i32")
 
 
 @dsl_user_op

@@ -227,14 +227,18 @@ def test_three_fragment_buffers_move_the_decode_off_the_critical_path(tmp_path, 
     assert not [o for o in ops[first:last] if o.startswith("WARPGROUP")], "main-loop wgmmas serialised"
 
 
-def test_the_buffers_switch_names_its_values():
+@pytest.mark.parametrize("module, switch, value, message", [
+    ("sm90_plan", "SVDQ_KERNEL_SM90_FP8_BUFFERS", "4", "the FP8-compute fragment buffers must be 2 or 3"),
+    ("sm90_act_fp8", "SVDQ_KERNEL_SM90_ACT_FP8_UNROLL", "3", "the act_fp8 loop step must be 2, 4 or 8 k-tiles"),
+])
+def test_the_fp8_build_switches_name_their_values(module, switch, value, message):
     import os
     import subprocess
     import sys
-    r = subprocess.run([sys.executable, "-c", "import svdq_kernels.sm90_plan"], capture_output=True, text=True,
-                       env=dict(os.environ, SVDQ_KERNEL_SM90_FP8_BUFFERS="4"))
+    r = subprocess.run([sys.executable, "-c", f"import svdq_kernels.{module}"], capture_output=True, text=True,
+                       env=dict(os.environ, **{switch: value}))
     assert r.returncode != 0
-    assert "SVDQ_KERNEL_SM90_FP8_BUFFERS=4: the FP8-compute fragment buffers must be 2 or 3" in r.stderr
+    assert f"{switch}={value}: {message}" in r.stderr
 
 
 def _stage_layout_offsets(coords):
@@ -340,16 +344,6 @@ def test_act_fp8_deeper_loop_steps_keep_k_a_multiple_of_256(unroll, tmp_path, mo
     assert sum(bool(re.search(r"\bLDG\.E\.64\b", t)) for t in body) == unroll       # the codes, all in flight
     assert sum("STG.E.128" in t for t in body) == unroll                            # one chunk per k-tile
     assert sass.count("REDUX.MAX") == 4 and not re.search(r"\b(STL|LDL)\b", sass)
-
-
-def test_the_act_fp8_switch_names_its_values():
-    import os
-    import subprocess
-    import sys
-    r = subprocess.run([sys.executable, "-c", "import svdq_kernels.sm90_act_fp8"], capture_output=True, text=True,
-                       env=dict(os.environ, SVDQ_KERNEL_SM90_ACT_FP8_UNROLL="3"))
-    assert r.returncode != 0
-    assert "SVDQ_KERNEL_SM90_ACT_FP8_UNROLL=3: the act_fp8 loop step must be 2, 4 or 8 k-tiles" in r.stderr
 
 
 def test_staged_raw_weights_build_the_256_row_register_form(tmp_path):
