@@ -2,16 +2,19 @@
 
 CuTe-DSL, build time only.  The workspace format is stated once, in ``svdq_loader.ops.act_fp8``.
 
-A CTA of 128 threads owns 16 image rows over the whole K.  First each warp takes four rows: its lanes read the row's
+A CTA of 128 threads owns 16 image rows and its share of their K: where the row tiles are few (small M), grid.y
+CTAs split each row tile's k-tile pairs evenly (``svdq_loader.ops.act_fp8.ksplit_by``).  First each warp takes four
+rows: its lanes read the row's
 E4M3 scale bytes a 32-bit word at a time, keep the largest byte (E4M3 encodings of non-negative values order like
 their values), reduce it over the warp (``redux.sync``), and turn it into ra and 1 / ra (``sm90_fp8_ptx.ra_of_max``:
-the largest power of two with 6 · scale · ra <= 448).  Lane 0 writes 1 / ra and leaves fp16x2 {ra, ra} in SMEM.
-Then, per pair of k-tiles (128 k each), thread t writes the 16-byte chunk t % 8 of row t // 8: one 8-byte load of the
+the largest power of two with 6 · scale · ra <= 448; every CTA of a row tile reads the whole row's scales).  Lane 0
+writes 1 / ra (the row tile's first CTA only) and leaves fp16x2 {ra, ra} in SMEM.  Then, per pair of its k-tiles
+(128 k each), thread t writes the 16-byte chunk t % 8 of row t // 8: one 8-byte load of the
 codes of logical chunk c = (t % 8) ^ (row % 8) and one scale byte, the two byte forms of each code word, then per
 pair of k one byte permute, one mask, two fp16x2 multiplies (by 2^14, which makes the E2M1 value, and by scale · ra)
 and one rounding conversion to E4M3 (``sm90_fp8_ptx.act_e4m3``); so every store instruction of a warp writes four
 whole 128-byte image rows.  Rows M .. image_rows(M) - 1 are written as +0 with 1 / ra = 1.
-grid = (image_rows(M) / 16, 1, 1).
+grid = (image_rows(M) / 16, ksplit_by(image_rows(M) / 16, K), 1).
 
 Launch ABI: host args = the op's (act, ascales, images, m, k, stream); kernel params: the 3 pointers, m, k.
 PDL (docs/design.md section 6): ``griddepcontrol.wait`` before any global access, then ``launch_dependents``.
@@ -29,11 +32,11 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Uint8
 
 from svdq_aot.family import knobless_functions
-from svdq_loader.ops.act_fp8 import IMAGE_K
+from svdq_loader.ops.act_fp8 import IMAGE_K, ksplit_by
 
 from .compiled_output import cubin_resource_usage, refuse_invalid
 from .quantize_ptx import _lds_u32, _sts_u32
-from .sm90_decode_act import compile_prepass, image_rows_dsl
+from .sm90_decode_act import compile_prepass, image_rows_dsl, image_rows_grid_hint
 from .sm90_decode_ptx import _byte_form
 from .sm90_fp8_ptx import act_e4m3, act_mult, byte_max, f32_of_bits, ra_half2, ra_of_max
 
@@ -70,14 +73,17 @@ class _ActFp8:
     def __call__(self, act: cute.Pointer, ascales: cute.Pointer, images: cute.Pointer, m: cutlass.Int32,
                  k: cutlass.Int32, stream: cuda.CUstream):
         mp = image_rows_dsl(m)
-        self.kernel(act, ascales, images, m, k).launch(grid=[mp // ROWS_PER_CTA, 1, 1], block=[THREADS, 1, 1],
+        row_ctas = mp // ROWS_PER_CTA
+        splits = ksplit_by(row_ctas, k, lambda a, b: a // b, cutlass.max, cutlass.min)
+        self.kernel(act, ascales, images, m, k).launch(grid=[row_ctas, splits, 1], block=[THREADS, 1, 1],
                                                        smem=SMEM_BYTES, stream=stream, use_pdl=True)
 
     @cute.kernel
     def kernel(self, p_act: cute.Pointer, p_asc: cute.Pointer, p_img: cute.Pointer, m: cutlass.Int32,
                k: cutlass.Int32):
         tidx, _, _ = cute.arch.thread_idx()
-        bx, _, _ = cute.arch.block_idx()
+        bx, bz, _ = cute.arch.block_idx()
+        _, nz, _ = cute.arch.grid_dim()
         cute.arch.griddepcontrol_wait()                    # the previous grid's writes (act, ascales) are visible
         cute.arch.griddepcontrol_launch_dependents()       # the GEMM may launch once every CTA of this grid runs
         mp = image_rows_dsl(m)
@@ -105,7 +111,8 @@ class _ActFp8:
                 mx = cute.arch.warp_redux_sync(mx, "max")
                 ra_bits, inv_bits = ra_of_max(mx)
                 if lane == 0:
-                    mIra[row] = f32_of_bits(inv_bits)
+                    if bz == 0:
+                        mIra[row] = f32_of_bits(inv_bits)
                     _sts_u32(sra + 4 * (warp * 4 + i), ra_half2(ra_bits))
         else:
             # the four rows' words loaded together (pad rows read row m - 1; their maximum is not used)
@@ -120,7 +127,8 @@ class _ActFp8:
                 mx = cute.arch.warp_redux_sync(cutlass.select_(row < m, mxs[i], Int32(0)), "max")
                 ra_bits, inv_bits = ra_of_max(mx)
                 if lane == 0:
-                    mIra[row] = f32_of_bits(inv_bits)
+                    if bz == 0:
+                        mIra[row] = f32_of_bits(inv_bits)
                     _sts_u32(sra + 4 * (warp * 4 + i), ra_half2(ra_bits))
         cute.arch.sync_threads()
 
@@ -133,13 +141,15 @@ class _ActFp8:
         rr = cutlass.min(row, m - 1)                       # pad rows load row m - 1 and keep zeros
         ra2 = _lds_u32(sra + 4 * rl)
         out = cute.make_rmem_tensor((4,), Int32)
-        nkt = k // IMAGE_K
-        for kt2 in cutlass.range(0, nkt, K_UNROLL, unroll=1):
+        pairs = k // (2 * IMAGE_K)                         # this CTA's k-tile pairs: its share of the row tile's K
+        kt_lo = 2 * (pairs * bz // nz)
+        kt_hi = 2 * (pairs * (bz + 1) // nz)               # nz <= pairs (ksplit_by): at least one pair each
+        for kt2 in cutlass.range(kt_lo, kt_hi, K_UNROLL, unroll=1):
             words, scs = [], []
             for u in cutlass.range_constexpr(K_UNROLL):    # every load first: they overlap
                 kt = kt2 + u
                 if cutlass.const_expr(K_UNROLL > 2):
-                    kt = cutlass.min(kt, nkt - 1)          # past K (the last step): load the last k-tile, skip it
+                    kt = cutlass.min(kt, kt_hi - 1)        # past the share (the last step): load its last k-tile, skip
                 pair = cute.make_rmem_tensor((2,), Int32)
                 cute.autovec_copy(cute.local_tile(mActW, (1, 2), (rr, kt * 8 + c)), pair)
                 words.append(pair)
@@ -147,7 +157,7 @@ class _ActFp8:
             for u in cutlass.range_constexpr(K_UNROLL):
                 kt = kt2 + u
                 if cutlass.const_expr(K_UNROLL > 2 and u >= 2):
-                    if kt < nkt:                           # K is a multiple of 256: the first two always are
+                    if kt < kt_hi:                         # whole pairs per CTA: the first two always are
                         self._write(mImg, mp, row, p, kt, ok, scs[u], words[u], ra2, out)
                 else:
                     self._write(mImg, mp, row, p, kt, ok, scs[u], words[u], ra2, out)
@@ -184,4 +194,8 @@ def compile(arch: str, knobs: dict, name: str, dump_dir: str, *, keep_ptx: bool 
     """Trace and cross-compile the one variant (kernel symbol ``<name>_0``)."""
     refuse_invalid(name, invalid_reason(arch, knobs))
     from svdq_loader.ops import ACT_FP8
-    return compile_prepass(_ActFp8, ACT_FP8, name, arch, dump_dir, SMEM_BYTES, ROWS_PER_CTA, keep_ptx)
+    (rows,) = image_rows_grid_hint(ACT_FP8.host_args, ROWS_PER_CTA)
+    k = ["arg", ACT_FP8.arg_names.index("k")]
+    splits = ksplit_by(rows, k, lambda a, b: ["floordiv", a, b], lambda a, b: ["max", a, b],
+                       lambda a, b: ["min", a, b])
+    return compile_prepass(_ActFp8, ACT_FP8, name, arch, dump_dir, SMEM_BYTES, ROWS_PER_CTA, keep_ptx, (splits,))

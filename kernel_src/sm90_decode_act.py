@@ -124,12 +124,12 @@ def compile(arch: str, knobs: dict, name: str, dump_dir: str, *, keep_ptx: bool 
 
 
 def compile_prepass(cls, spec, name: str, arch: str, dump_dir: str, smem_bytes: int, rows_per_cta: int,
-                    keep_ptx: bool):
+                    keep_ptx: bool, extra_hints=()):
     """Compile the one variant of an sm_90a activation pre-pass (decode_act, act_fp8: kernel class `cls`, op
     `spec`), with its grid, image_rows(M) / `rows_per_cta`, as the launch recipe's hint (the fitter would not find
-    it)."""
+    it), and `extra_hints` (more candidate expressions, e.g. act_fp8's K split)."""
     ck = compile_kernel(cls, cls(), spec, {}, Uint8, name, arch, dump_dir, smem_bytes, keep_ptx=keep_ptx)
-    ck.recipe_hints = image_rows_grid_hint(spec.host_args, rows_per_cta)
+    ck.recipe_hints = image_rows_grid_hint(spec.host_args, rows_per_cta) + tuple(extra_hints)
     return ck
 
 

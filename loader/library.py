@@ -31,6 +31,7 @@ from .errors import CaptureError, DeviceMismatch, InvalidArgument, NoCuda
 from .launcher import Launcher
 from .ops import (OPS, WORKSPACE_BYTES_BY_PREPASS, decode_act as decode_op, gemm_w4a4 as gemm_op, op_spec,
                   quantize_act as quant_op)
+from .ops.act_fp8 import E4m3Act
 from .verify import open_artifacts
 
 _GEMM_SMS = gemm_op.SM_COUNT_INDEX
@@ -274,12 +275,15 @@ class Library:
         ("exact", the default, or "fp8") chooses it, and with a prepared weight it may only repeat its mode."""
         plain = wscales is None and lora_up is None and wcscale is None and bias is None
         prepared = wgt.__class__ is gemm_op.PreparedWeight
+        e4m3 = act.__class__ is E4m3Act            # quantize_act(..., compute="fp8"): the GEMM alone runs
+        if e4m3 and compute is None and not prepared:
+            compute = "fp8"
         if plain != prepared:
             _weight_form_error(wgt, wscales, lora_up, wcscale, bias)
         if compute is not None and prepared and compute != wgt.compute:
             gemm_op.fail(f"compute={compute!r} but the weight was prepared for compute={wgt.compute!r}; prepare it "
                          f"again with compute={compute!r}")
-        ordinal = act.get_device() if act.__class__ is _Tensor else -1
+        ordinal = act.get_device() if act.__class__ is _Tensor or e4m3 else -1
         if ordinal < 0:
             ordinal = _tensor_ordinal(act)
         arch = self._arch.get(ordinal) or self._device_arch(ordinal)
@@ -292,6 +296,8 @@ class Library:
         ln = self._choice.get((op, ordinal, feats, dims))
         if ln is None:
             ln = self._resolve(op, ordinal, feats, dims, _capturing())
+        if e4m3:
+            ln = ln.workspace_gemm(op)
         args[_GEMM_SMS] = self._sms[ordinal]
         args[_GEMM_STREAM] = _current_stream(ordinal)
         _launch_in_primary(ln, args)
@@ -312,8 +318,18 @@ class Library:
         return (call.features, (("m", call.m), ("n", call.n), ("k", call.k)), call.out,
                 [values[a] for a in self._arg_order["gemm_w4a4"]], weight)
 
-    def quantize_act(self, x, *, smooth=None, lora_down=None, out_act=None, out_scales=None, out_lora=None):
-        """x [M, K] -> (act [M, K/2] uint8, ascales in this device's GEMM layout, lora_act_in [M, R] or None)."""
+    def quantize_act(self, x, *, smooth=None, lora_down=None, out_act=None, out_scales=None, out_lora=None,
+                     compute="exact"):
+        """x [M, K] -> (act [M, K/2] uint8, ascales in this device's GEMM layout, lora_act_in [M, R] or None).
+
+        ``compute="fp8"`` (sm_90a): the activation of the FP8-compute mode instead, (`E4m3Act`, None,
+        lora_act_in): each NVFP4 value rounded once to E4M3 after its row's power of two (docs/design.md section
+        2), for ``gemm_w4a4`` with a weight prepared with ``compute="fp8"``.  `out_act` may then be an E4m3Act of
+        the same M and K to write into; `out_scales` has no meaning there."""
+        fp8 = compute != "exact"
+        if fp8:                            # the FP8-compute activation: the NVFP4 kernel, then act_fp8 (two launches)
+            _check_fp8_outputs(compute, out_act, out_scales)
+            out8, out_act = out_act, None
         ordinal = x.get_device() if x.__class__ is _Tensor else -1
         if ordinal < 0:
             ordinal = _tensor_ordinal(x)
@@ -330,9 +346,67 @@ class Library:
         ln = self._choice.get(("quantize_act", ordinal, feats, dims))
         if ln is None:
             ln = self._resolve("quantize_act", ordinal, feats, dims, _capturing())
-        args[_QUANT_STREAM] = _current_stream(ordinal)
+        if fp8:        # every rule checked and both kernels chosen before the first launch
+            m, k = dims[0][1], dims[1][1]
+            pre = self._act_fp8_launcher(ordinal, m, k, out8)
+            if out8 is None:
+                out8 = E4m3Act.empty(m, k, x.device)
+        stream = args[_QUANT_STREAM] = _current_stream(ordinal)
         _launch_in_primary(ln, args)
-        return outputs
+        if not fp8:
+            return outputs
+        act, ascales, lora = outputs
+        _launch_in_primary(pre, [act.data_ptr(), ascales.data_ptr(), out8.data_ptr(), m, k, stream])
+        return out8, None, lora
+
+    def act_to_fp8(self, act, ascales, *, out=None) -> "E4m3Act":
+        """NVFP4 activations (act [M, K/2] uint8, ascales [M, K/16] float8_e4m3fn, as `quantize_act` writes them
+        on sm_90a) -> the FP8-compute mode's `E4m3Act` (sm_90a; K a multiple of 256), for `gemm_w4a4` with a
+        weight prepared with ``compute="fp8"``.  `out`: an E4m3Act of the same M and K to write into."""
+        from .ops.checks import check_devices, check_tensor, torch_module
+        torch = torch_module()
+        check_tensor("act", act, dtype=torch.uint8, ndim=2)
+        m, k = act.shape[0], 2 * act.shape[1]
+        if m < 1:
+            raise InvalidArgument(f"act must have at least one row (M >= 1), got shape {tuple(act.shape)}")
+        check_tensor("ascales", ascales, dtype=torch.float8_e4m3fn, ndim=2, shape=(m, k // 16))
+        check_devices(dict(act=act, ascales=ascales))
+        ordinal = _tensor_ordinal(act)
+        pre = self._act_fp8_launcher(ordinal, m, k, out)
+        out = out if out is not None else E4m3Act.empty(m, k, _cuda_device(ordinal))
+        _launch_in_primary(pre, [act.data_ptr(), ascales.data_ptr(), out.data_ptr(), m, k, _current_stream(ordinal)])
+        return out
+
+    def _act_fp8_launcher(self, ordinal: int, m: int, k: int, out):
+        """The act_fp8 launcher for an M x K activation on `ordinal`, `out` (None or the E4m3Act to write) checked.
+        Raises before anything is launched."""
+        if out is not None and (out.__class__ is not E4m3Act or (out.m, out.k, out.get_device()) != (m, k, ordinal)):
+            got = (f"an E4m3Act of M={out.m}, K={out.k} on device {out.get_device()}" if out.__class__ is E4m3Act
+                   else type(out).__name__)
+            raise InvalidArgument(f"the FP8-compute activation's output must be an E4m3Act of M={m}, K={k} on "
+                                  f"device {ordinal} (E4m3Act.empty(M, K, device)), got {got}")
+        feats, dims = ("logical",), (("m", m), ("k", k))
+        pre = self._choice.get(("act_fp8", ordinal, feats, dims))
+        if pre is None:
+            arch = self._device_arch(ordinal)
+            if not any(v.op == "act_fp8" and v.arch == arch for v in self.variants):
+                raise select.UnsupportedProblem(
+                    f"the FP8-compute activation needs an act_fp8 kernel, and {self.path} has none for {arch} (the "
+                    f"FP8-compute mode is built for sm_90a only, by a config with a gemm_w4a4_fp8 section)")
+            pre = self._resolve("act_fp8", ordinal, feats, dims, _capturing())
+        return pre
+
+
+def _check_fp8_outputs(compute, out_act, out_scales) -> None:
+    """quantize_act's arguments that only the FP8-compute activation rules on (raises InvalidArgument)."""
+    if compute != "fp8":
+        raise InvalidArgument(f"compute must be 'exact' or 'fp8', got {compute!r}")
+    if out_scales is not None:
+        raise InvalidArgument("out_scales was given with compute='fp8': the FP8-compute activation folds its "
+                              "block scales into the E4M3 values (there are none to write)")
+    if out_act is not None and out_act.__class__ is not E4m3Act:
+        raise InvalidArgument(f"out_act must be an E4m3Act with compute='fp8' (E4m3Act.empty(M, K, device)), got "
+                              f"{type(out_act).__name__}")
 
 
 def _weight_form_error(wgt, wscales, lora_up, wcscale, bias) -> None:
@@ -358,6 +432,11 @@ def _launch_in_primary(ln: Launcher, args) -> None:
             dk.pop()
     else:
         ln.launch(args)
+
+
+def _cuda_device(ordinal: int):
+    from .ops.checks import torch_module
+    return torch_module().device("cuda", ordinal)
 
 
 def _tensor_ordinal(t) -> int:

@@ -427,7 +427,8 @@ def test_project_fp8_mode_kernels_match_dsl(tmp_path, op):
         assert not O.compare_records(vm, dsl, amask, pmask)
         assert vm.kernel == sym and vm.smem == ck.smem_bytes == fam.smem_bytes_for(knobs)
         if op == "act_fp8":
-            assert vm.grid == (image_rows(m) // 16, 1, 1) and vm.block == (128, 1, 1)
+            from svdq_loader.ops.act_fp8 import ksplit
+            assert vm.grid == (image_rows(m) // 16, ksplit(m, k), 1) and vm.block == (128, 1, 1)
         else:
             assert vm.grid == (min(-(-m // 208) * (n // 128), args[-2]), 1, 1) and vm.block == (384, 1, 1)
         assert vm.params[:nptr] == [p.to_bytes(8, "little") for p in ptrs]

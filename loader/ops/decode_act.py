@@ -144,6 +144,15 @@ class ImagesLauncher(PerCallWorkspace):
         if extra is not None:
             self._n, self._sms = gemm_arg_names.index("n"), gemm_arg_names.index("sm_count")
 
+    def workspace_gemm(self, op: str):
+        """The GEMM's own launcher, for a call whose activation already is this pre-pass's workspace (an
+        ``act_fp8.E4m3Act``): it then runs alone, ``act`` pointing at that workspace."""
+        if self._extra is not None:
+            from ..errors import UnsupportedProblem
+            raise UnsupportedProblem(f"variant {self.name} ({op}) needs a workspace beyond its pre-pass output, so "
+                                     f"it cannot run from an activation given ready-made")
+        return self.gemm
+
     def launch(self, args) -> None:
         m, k = args[self._m], args[self._k]
         nbytes = self._nbytes(m, k)

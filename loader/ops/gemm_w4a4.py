@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import gemm_streamk
+from .act_fp8 import E4m3Act
 from .decode_act import image_size_problem
 from .layouts import SCALE_LAYOUT_BY_ARCH
 from .spec import PTR_ALIGN, Feature, OpSpec
@@ -211,6 +212,11 @@ class GemmCall:
 def plan_call(arch: str, act, weight: PreparedWeight, ascales, *, lora_act_in=None, out=None,
               out_dtype=None) -> GemmCall:
     torch = torch_module()
+    layout = SCALE_LAYOUT_BY_ARCH.get(arch, "logical")
+    if isinstance(act, E4m3Act):
+        m, k, n = _e4m3_act_side(act, weight, ascales)
+        check_i32_sizes(M_times_N_output_elements=m * n, N_times_K_half_weight_bytes=n * k // 2)
+        return _plan_rest(arch, layout, act.data, None, weight, lora_act_in, out, out_dtype, m, n, k)
     check_tensor("act", act, dtype=torch.uint8, ndim=2)
     m, kh = act.shape
     if m < 1:
@@ -220,7 +226,6 @@ def plan_call(arch: str, act, weight: PreparedWeight, ascales, *, lora_act_in=No
     k, n = weight.k, weight.n
     check_i32_sizes(M_times_N_output_elements=m * n, M_times_K_half_act_bytes=m * kh,
                     N_times_K_half_weight_bytes=n * kh)
-    layout = SCALE_LAYOUT_BY_ARCH.get(arch, "logical")
     want_shape = scale_shape(layout, m, k)
     if isinstance(ascales, torch.Tensor) and tuple(ascales.shape) != want_shape:
         hint = ("; logical [M, K/16] scales convert with svdq_loader.ops.blackwell_weight.to_blocked_scales"
@@ -229,7 +234,29 @@ def plan_call(arch: str, act, weight: PreparedWeight, ascales, *, lora_act_in=No
              f"shape {want_shape} for M={m}, K={k}; pass the ascales that quantize_act wrote on this device"
              + hint)
     check_tensor("ascales", ascales, dtype=torch.float8_e4m3fn, ndim=len(want_shape), shape=want_shape)
+    return _plan_rest(arch, layout, act, ascales, weight, lora_act_in, out, out_dtype, m, n, k)
 
+
+def _e4m3_act_side(act, weight: PreparedWeight, ascales) -> tuple[int, int, int]:
+    """The rules of an FP8-compute activation (`act_fp8.E4m3Act`, from ``quantize_act(..., compute="fp8")``):
+    no ascales (its scales are folded in), a weight prepared for the same mode, the same K.  Returns (m, k, n)."""
+    if ascales is not None:
+        fail("act is an E4m3Act (quantize_act(..., compute='fp8')): its block scales are folded into it, so "
+             "ascales must be None")
+    if weight.compute != "fp8":
+        fail(f"act is an E4m3Act (the FP8-compute mode's activation) but the weight was prepared for "
+             f"compute={weight.compute!r}; prepare it with compute='fp8', or quantize the activation with "
+             f"compute={weight.compute!r}")
+    if act.k != weight.k:
+        fail(f"act has K = {act.k} but the weight has K = {weight.k}")
+    return act.m, act.k, weight.n
+
+
+def _plan_rest(arch, layout, act, ascales, weight, lora_act_in, out, out_dtype, m, n, k) -> GemmCall:
+    """plan_call after the activation side: LoRA, the output, the weight's format, devices, pointers.  `act` is
+    the activation's tensor (an E4m3Act's workspace); `ascales` None for an E4m3Act (the GEMM then gets the
+    workspace's address there too: the FP8-compute kernel reads no activation scales)."""
+    torch = torch_module()
     if (lora_act_in is None) != (weight.lora_up is None):
         fail("lora_act_in and lora_up must be given together (got only "
              f"{'lora_act_in' if lora_act_in is not None else 'lora_up'})")
@@ -258,7 +285,7 @@ def plan_call(arch: str, act, weight: PreparedWeight, ascales, *, lora_act_in=No
     if out is None:
         out = torch.empty((m, n), dtype=want, device=act.device)
     ptrs = dict(
-        act=act.data_ptr(), ascales=ascales.data_ptr(), wgt=weight.wgt.data_ptr(),
+        act=act.data_ptr(), ascales=(ascales if ascales is not None else act).data_ptr(), wgt=weight.wgt.data_ptr(),
         wscales=weight.wscales.data_ptr(),
         lora_act_in=lora_act_in.data_ptr() if lora_act_in is not None else 0,
         lora_up=weight.lora_up.data_ptr() if weight.lora_up is not None else 0,
@@ -301,21 +328,34 @@ def fast_args(arch: str, act, weight, ascales, lora_act_in, out, out_dtype):
     one-pass check does not take, such as a tensor subclass).
     """
     T, u8, f8, halves, empty = _fast_consts or _consts()
-    if type(act) is not T or type(ascales) is not T or type(weight) is not PreparedWeight:
+    if type(weight) is not PreparedWeight:
         return None
-    if act.dtype is not u8 or ascales.dtype is not f8 or act.dim() != 2:
-        return None
-    m, kh = act.shape
     k, n = weight.k, weight.n
-    if m < 1 or 2 * kh != k or m * n >= _I32 or m * kh >= _I32 or SCALE_LAYOUT_BY_ARCH.get(arch) != "logical":
+    if type(act) is E4m3Act:        # the FP8-compute activation (its checks ran when it was made)
+        m = act.m
+        if ascales is not None or weight.compute != "fp8" or act.k != k or m * n >= _I32:
+            return None
+        dev = act.get_device()
+        pa = ps = act.data_ptr()
+    else:
+        if type(act) is not T or type(ascales) is not T:
+            return None
+        if act.dtype is not u8 or ascales.dtype is not f8 or act.dim() != 2:
+            return None
+        m, kh = act.shape
+        if m < 1 or 2 * kh != k or m * n >= _I32 or m * kh >= _I32:
+            return None
+        if ascales.shape != (m, k // BLOCK_K) or not act.is_contiguous() or not ascales.is_contiguous():
+            return None
+        dev = act.get_device()          # -1 for a CPU tensor
+        pa, ps = act.data_ptr(), ascales.data_ptr()
+        if (pa | ps) & (PTR_ALIGN - 1) or ascales.get_device() != dev:
+            return None
+    if SCALE_LAYOUT_BY_ARCH.get(arch) != "logical":
         return None
     if weight.weight_format != WEIGHT_FORMATS_BY_COMPUTE[weight.compute].get(arch, "logical"):
         return None
-    if ascales.shape != (m, k // BLOCK_K) or not act.is_contiguous() or not ascales.is_contiguous():
-        return None
-    dev = act.get_device()          # -1 for a CPU tensor
-    pa, ps = act.data_ptr(), ascales.data_ptr()
-    if dev < 0 or (pa | ps) & (PTR_ALIGN - 1) or ascales.get_device() != dev or weight.device_index != dev:
+    if dev < 0 or weight.device_index != dev:
         return None
     want = weight.lora_dtype
     if out is not None:

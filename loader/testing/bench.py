@@ -131,8 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="token counts M for quantize_act (default: " + ",".join(map(str, QUANT_M)) + ")")
     ap.add_argument("--rank", type=int, default=32, help="LoRA rank R, 0 for none (default: %(default)s)")
     ap.add_argument("--compute", type=_choice_list(("exact", "fp8")), default=["exact"], metavar="LIST",
-                    help="gemm_w4a4's compute modes to time, comma-separated from exact,fp8 (default: exact; fp8 "
-                         "is the FP8-compute mode, op gemm_w4a4_fp8, sm_90a: docs/design.md section 2)")
+                    help="compute modes of the gemm_w4a4 and linear cases, comma-separated from exact,fp8 "
+                         "(default: exact; fp8 is the FP8-compute mode, op gemm_w4a4_fp8, sm_90a: docs/design.md "
+                         "section 2; its GEMM is timed from quantize_act's E4M3 activation, and from an NVFP4 one "
+                         "beside it)")
     ap.add_argument("--dtype", type=_choice_list(("bf16", "fp16")), default=["bf16", "fp16"], metavar="LIST",
                     help="activation/output dtypes, comma-separated from bf16,fp16 (default: both)")
     ap.add_argument("--baselines", type=_choice_list(tuple(BASELINES)), default=list(BASELINES), metavar="LIST",
@@ -336,15 +338,25 @@ def gemm_case(lib, m, k, n, rank, dtype, baselines, st, l2, compute="exact") -> 
     p = ref.random_problem(m, n, k, rank, seed=(m * 7919 + k * 31 + n) % 2**31, out_dtype=dtype, device="cuda")
     sets = gemm_input_sets(p, m, k, n, rank, l2)
     outs = [torch.empty(m, n, dtype=tdt, device="cuda") for _ in sets]
+    side = {}                               # the FP8 mode's call from NVFP4, timed beside its GEMM
 
     def setup():
         kw = {} if compute == "exact" else dict(compute=compute)
         ws = [lib.prepare_weight(q["wgt"], q["wscales"], lora_up=q["lora_up"], wcscale=q["wcscale"], bias=q["bias"],
                                  **kw) for q in sets]
 
-        def ours(i):
+        def from_nvfp4(i):
             q = sets[i]
             lib.gemm_w4a4(q["act"], ws[i], q["ascales"], lora_act_in=q["lora_act_in"], out=outs[i])
+        if compute == "exact":
+            return from_nvfp4
+        # the FP8-compute mode's GEMM takes quantize_act(..., compute="fp8")'s E4M3 activation (an E4m3Act);
+        # the call from NVFP4 (act_fp8 first, then the GEMM) is timed beside it (`res["ours_from_nvfp4"]`)
+        a8 = [lib.act_to_fp8(q["act"], q["ascales"]) for q in sets]
+        side["from_nvfp4"] = from_nvfp4
+
+        def ours(i):
+            lib.gemm_w4a4(a8[i], ws[i], None, lora_act_in=sets[i]["lora_act_in"], out=outs[i])
         return ours
 
     ours, skipped = first_call_or_skip(res, setup)
@@ -368,6 +380,19 @@ def gemm_case(lib, m, k, n, rank, dtype, baselines, st, l2, compute="exact") -> 
     timers = {"dense": lambda: _dense_case(m, k, n, tdt, st, l2), "fp8": lambda: _fp8_case(m, k, n, tdt, st, l2),
               "eager": lambda: time_calls(unfused(tq.w4a4_unfused), len(sets), st),
               "compile": lambda: time_calls(unfused(tq.compiled(tq.w4a4_unfused)), len(sets), st)}
+    from_nvfp4 = side.get("from_nvfp4")
+    if from_nvfp4 is not None:
+        from_nvfp4(0)                    # the same kernels on the same values: the same output, bit for bit
+        torch.cuda.synchronize()
+        got = outs[0].clone()
+        outs[0].fill_(float("nan"))
+        ours(0)
+        torch.cuda.synchronize()
+        same = bool(torch.equal(got, outs[0]))
+        res["check"]["e4m3_equals_nvfp4_call"] = same
+        res["check"]["ok"] = res["check"]["ok"] and same
+        res["ours_from_nvfp4"] = time_calls(from_nvfp4, len(sets), st)
+        res["ours_from_nvfp4"]["tflops"] = tflops(m, n, k, res["ours_from_nvfp4"]["us"])
     return time_against(res, ours, len(sets), st, (m, n, k), {b: timers[b] for b in baselines if b in timers})
 
 
@@ -653,7 +678,9 @@ def _matmul_table(rows: list, baselines: tuple, title: str) -> list:
     for r in rows:
         chk = r.get("check", {})
         dt = r["dtype"] + (" fp8" if r.get("compute") == "fp8" else "")
-        cells = [r["m"], r["k"], r["n"], r["rank"], dt, _f(r["ours"]["us"]), _f(r["ours"]["tflops"])]
+        ours = _f(r["ours"]["us"]) + (f" ({_f(r['ours_from_nvfp4']['us'])} from NVFP4)" if "ours_from_nvfp4" in r
+                                      else "")
+        cells = [r["m"], r["k"], r["n"], r["rank"], dt, ours, _f(r["ours"]["tflops"])]
         cells += [_base_cell(r["baselines"].get(b), "tflops", ".1f") for b in names]
         cells.append(("ok" if chk.get("ok") else "**MISMATCH**") + f" {chk.get('rel_err_vs_eager', 0):.1e}"
                      if chk else "–")
@@ -667,7 +694,9 @@ def render_tables(doc: dict) -> str:
     lines = [f"## svdq-aot bench — {env.get('gpu', '?')}, torch {env.get('torch', '?')}, "
              f"svdq_loader {env.get('loader', '?')}", ""]
     lines += _matmul_table([r for r in doc.get("gemm", []) if "ours" in r], GEMM_BASELINES,
-                           "### gemm_w4a4 (TFLOP/s = 2·M·N·K / time; ours× = our throughput / baseline's)")
+                           "### gemm_w4a4 (TFLOP/s = 2·M·N·K / time; ours× = our throughput / baseline's; "
+                           "fp8 rows: the GEMM from quantize_act's E4M3 activation, in parentheses the call from an "
+                           "NVFP4 activation, which runs act_fp8 first)")
     from .bench_linear import LINEAR_BASELINES
     lines += _matmul_table([r for r in doc.get("linear", []) if "ours" in r], LINEAR_BASELINES,
                            "### linear: quantize_act + gemm_w4a4 from 16-bit activations (TFLOP/s = 2·M·N·K / "
@@ -891,7 +920,7 @@ def main(argv=None) -> int:
         for dtype in args.dtype:
             for _, k, n in shapes:
                 for m in gemm_m:
-                    for compute in (args.compute if op == "gemm_w4a4" else ["exact"]):
+                    for compute in args.compute:
                         kw = {} if compute == "exact" else dict(compute=compute)
                         run_case(key, lambda m=m, k=k, n=n, dtype=dtype, case=case, kw=kw: case(
                             lib, m, k, n, args.rank, dtype, args.baselines, st, l2, **kw),

@@ -10,6 +10,8 @@ case times the pair, which is what a user swapping a bf16 ``nn.Linear`` pays.  B
 * ``compile`` ``torch.compile`` of that.
 
 TFLOP/s = 2·M·N·K / time (LoRA flops not counted), as for the GEMM.  Inputs rotate exactly as in the other cases.
+With ``--compute fp8`` the pair is ``quantize_act(..., compute="fp8")`` (NVFP4, then act_fp8) and the FP8-compute
+GEMM from its E4M3 activation; the check then allows the mode's distance from the exact operator.
 """
 from __future__ import annotations
 
@@ -32,13 +34,13 @@ def linear_set_bytes(m: int, k: int, n: int, rank: int) -> int:
             + 2 * rank * (k + m + n) + 8 * n + 2 * m * n)
 
 
-def linear_case(lib, m, k, n, rank, dtype, baselines, st, l2) -> dict:
+def linear_case(lib, m, k, n, rank, dtype, baselines, st, l2, compute="exact") -> dict:
     import torch
     from . import bench
     from . import reference as ref
     from . import torch_quant as tq
     tdt = bench._dtype(dtype)
-    res = dict(op="linear", m=m, k=k, n=n, rank=rank, dtype=dtype, smooth=True)
+    res = dict(op="linear", m=m, k=k, n=n, rank=rank, dtype=dtype, smooth=True, compute=compute)
     p = ref.random_problem(m, n, k, rank, seed=(m * 7919 + k * 31 + n + 17) % 2**31, out_dtype=dtype, device="cuda")
     x, smooth, lora_down = bench._quant_inputs(m, k, rank, tdt, seed=m + k + n)
     ns = bench.n_sets_for(linear_set_bytes(m, k, n, rank), l2)
@@ -49,13 +51,14 @@ def linear_case(lib, m, k, n, rank, dtype, baselines, st, l2) -> dict:
     Y = [torch.empty(m, n, dtype=tdt, device="cuda") for _ in range(ns)]
 
     def setup():
-        W = [lib.prepare_weight(q["wgt"], q["wscales"], lora_up=q["lora_up"], wcscale=q["wcscale"], bias=q["bias"])
-             for q in P]
-        Q = [lib.quantize_act(X[i], smooth=SM[i], lora_down=LD[i]) for i in range(ns)]
+        kw = {} if compute == "exact" else dict(compute=compute)
+        W = [lib.prepare_weight(q["wgt"], q["wscales"], lora_up=q["lora_up"], wcscale=q["wcscale"], bias=q["bias"],
+                                **kw) for q in P]
+        Q = [lib.quantize_act(X[i], smooth=SM[i], lora_down=LD[i], **kw) for i in range(ns)]
 
         def ours(i):
             act, sc, la = Q[i]
-            lib.quantize_act(X[i], smooth=SM[i], lora_down=LD[i], out_act=act, out_scales=sc, out_lora=la)
+            lib.quantize_act(X[i], smooth=SM[i], lora_down=LD[i], out_act=act, out_scales=sc, out_lora=la, **kw)
             lib.gemm_w4a4(act, W[i], sc, lora_act_in=la, out=Y[i])
         return ours
 
@@ -71,7 +74,8 @@ def linear_case(lib, m, k, n, rank, dtype, baselines, st, l2) -> dict:
     want = pipeline(torch_linear)(0).float()
     got = Y[0].float()
     rel = float((got - want).norm() / want.norm().clamp_min(1e-30))
-    res["check"] = dict(rel_err_vs_eager=rel, ok=bool(rel < bench.CHECK_TOL and torch.isfinite(got).all()))
+    tol = bench.FP8_CHECK_TOL if compute == "fp8" else bench.CHECK_TOL
+    res["check"] = dict(rel_err_vs_eager=rel, ok=bool(rel < tol and torch.isfinite(got).all()))
     del want, got
     timers = {"dense": lambda: bench._dense_case(m, k, n, tdt, st, l2),
               "eager": lambda: bench.time_calls(pipeline(torch_linear), ns, st),

@@ -58,8 +58,11 @@ def decode_cases(knobs: dict, req: dict) -> list[Case]:
 
 
 def act_fp8_cases(knobs: dict, req: dict) -> list[Case]:
-    """M = 1, a tail past one image block, K of one and of many k-tile pairs."""
-    return [Case("act_fp8", c.kwargs) for c in decode_cases(knobs, req)]
+    """M = 1, a tail past one image block, K of one and of many k-tile pairs (decode_act's cases: K split over 3
+    and 12 CTAs per row tile), and M = 1024 with K split unevenly (48 pairs over 7 CTAs: `act_fp8.ksplit`)."""
+    kmin = req["k_multiple"]
+    return [Case("act_fp8", c.kwargs) for c in decode_cases(knobs, req)] + \
+        [Case("act_fp8", dict(m=1024, k=max(12288 // kmin, 1) * kmin, seed=24))]
 
 
 CASES_FOR = {"gemm_w4a4": gemm_cases, "quantize_act": quantize_cases, "decode_act": decode_cases,

@@ -32,11 +32,14 @@ def register(lib) -> None:
         torch_ops.use(lib)
 
 
-def quantize(lib, x, smooth, lora_down):
+def quantize(lib, x, smooth, lora_down, compute: str = "exact"):
     """x [M, K] -> (act [M, K/2] uint8, ascales, lora_act_in [M, R] or None).
 
     A non-contiguous x is made contiguous; eagerly, a misaligned one is copied too (the kernel reads
-    contiguous, 16-byte-aligned rows; tensors a compiled graph makes are allocator-aligned).
+    contiguous, 16-byte-aligned rows; tensors a compiled graph makes are allocator-aligned).  Eagerly with
+    ``compute="fp8"``: (an `E4m3Act`, None, lora_act_in), the FP8-compute mode's activation, which `gemm` passes
+    to the GEMM as it is.  A compiled graph keeps the NVFP4 form in both modes (the custom ops' schema): its
+    FP8-compute GEMM call converts it first, the same arithmetic.
     """
     lib = _need(lib)
     if not x.is_contiguous():
@@ -45,6 +48,8 @@ def quantize(lib, x, smooth, lora_down):
         return torch_ops.quantize_act(x, smooth, lora_down)
     if x.data_ptr() % 16:
         x = x.clone()
+    if compute != "exact":
+        return lib.quantize_act(x, smooth=smooth, lora_down=lora_down, compute=compute)
     return lib.quantize_act(x, smooth=smooth, lora_down=lora_down)
 
 

@@ -6,7 +6,8 @@
     W4A4Linear(..., compute="fp8")   # the FP8-compute mode (sm_90a; not bit-equivalent: docs/design.md section 2)
 
 forward = ``quantize_act`` (smooth, NVFP4 codes and scales, LoRA-down) ->
-``gemm_w4a4`` with the layer's weights, both through `svdq_loader.torch._ops`.
+``gemm_w4a4`` with the layer's weights, both through `svdq_loader.torch._ops` (in the FP8-compute mode,
+eagerly, ``quantize_act(..., compute="fp8")`` and the GEMM from its E4M3 activation).
 `reference(x)` computes the same quantized math in float64 with torch ops
 (any device), for checking a layer's output.
 """
@@ -62,8 +63,9 @@ class W4A4Linear(nn.Module):
         self.register_buffer("lora_up", e(n, rank, dt=dtype) if rank else None)
         self._prepared: dict = {}
         self._lib = None
-        if lib is not None:
-            self.attach(lib)
+        if lib is not None:          # the weight is prepared once the buffers hold values (load_tensors, attach)
+            _ops.register(lib)
+            self._lib = lib
 
     # -- construction ------------------------------------------------------
     @classmethod
@@ -131,7 +133,7 @@ class W4A4Linear(nn.Module):
                                       f"(smooth, lora_down and lora_up share one dtype)")
             with torch.no_grad():
                 buf.copy_(t)
-        self._prepared.clear()
+        self.attach(self._lib)          # prepared again from the new values (on a GPU, with a library)
 
     # -- runtime -----------------------------------------------------------
     def attach(self, lib) -> "W4A4Linear":
@@ -186,7 +188,7 @@ class W4A4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = self._flat_input(x)
-        act, ascales, lora_act_in = _ops.quantize(self._lib, x2, self.smooth, self.lora_down)
+        act, ascales, lora_act_in = _ops.quantize(self._lib, x2, self.smooth, self.lora_down, self.compute)
         y = _ops.gemm(self._lib, act, ascales, self.qweight, self.wscales, lora_act_in, self.lora_up, self.wcscale,
                       self.bias, x2.dtype, self._prepared, self.compute)
         return y.reshape(*x.shape[:-1], self.out_features)
