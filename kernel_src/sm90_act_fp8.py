@@ -2,8 +2,9 @@
 
 CuTe-DSL, build time only.  The workspace format is stated once, in ``svdq_loader.ops.act_fp8``.
 
-A CTA of 128 threads owns 16 image rows and its share of their K: where the row tiles are few (small M), grid.y
-CTAs split each row tile's k-tile pairs evenly (``svdq_loader.ops.act_fp8.ksplit_by``).  First each warp takes four
+A CTA of 128 threads owns 16 image rows over the whole K (with ``K_SPLIT``, an experiment: its share of their K,
+where the row tiles are few (small M) grid.y CTAs splitting each row tile's k-tile pairs evenly,
+``svdq_loader.ops.act_fp8.ksplit_by``).  First each warp takes four
 rows: its lanes read the row's
 E4M3 scale bytes a 32-bit word at a time, keep the largest byte (E4M3 encodings of non-negative values order like
 their values), reduce it over the warp (``redux.sync``), and turn it into ra and 1 / ra (``sm90_fp8_ptx.ra_of_max``:
@@ -14,7 +15,7 @@ codes of logical chunk c = (t % 8) ^ (row % 8) and one scale byte, the two byte 
 pair of k one byte permute, one mask, two fp16x2 multiplies (by 2^14, which makes the E2M1 value, and by scale · ra)
 and one rounding conversion to E4M3 (``sm90_fp8_ptx.act_e4m3``); so every store instruction of a warp writes four
 whole 128-byte image rows.  Rows M .. image_rows(M) - 1 are written as +0 with 1 / ra = 1.
-grid = (image_rows(M) / 16, ksplit_by(image_rows(M) / 16, K), 1).
+grid = (image_rows(M) / 16, 1, 1); with ``K_SPLIT``, (image_rows(M) / 16, ksplit_by(image_rows(M) / 16, K), 1).
 
 Launch ABI: host args = the op's (act, ascales, images, m, k, stream); kernel params: the 3 pointers, m, k.
 PDL (docs/design.md section 6): ``griddepcontrol.wait`` before any global access, then ``launch_dependents``.
@@ -62,6 +63,15 @@ ROWS_PER_CTA = 16
 K_UNROLL = int(os.environ.get("SVDQ_KERNEL_SM90_ACT_FP8_UNROLL", "8"))
 if K_UNROLL not in (2, 4, 8):
     raise ValueError(f"SVDQ_KERNEL_SM90_ACT_FP8_UNROLL={K_UNROLL}: the act_fp8 loop step must be 2, 4 or 8 k-tiles")
+#: Split each row tile's K over grid.y CTAs where the row tiles are few (``SVDQ_KERNEL_SM90_ACT_FP8_KSPLIT=1``;
+#: `svdq_loader.ops.act_fp8.ksplit_by`).  An experiment, built and checked on the CPU in session 30 (launch bytes
+#: against the DSL's host code, the ranges replayed), not yet run on a GPU, so off by default.  Why: on the H200 the
+#: pre-pass took 22 µs of the M = 1024, (12288, 3072) FP8 call (93.3 against 71.3 µs for the GEMM alone), where its 72
+#: row tiles leave most of the GPU idle.
+K_SPLIT = os.environ.get("SVDQ_KERNEL_SM90_ACT_FP8_KSPLIT", "0")
+if K_SPLIT not in ("0", "1"):
+    raise ValueError(f"SVDQ_KERNEL_SM90_ACT_FP8_KSPLIT={K_SPLIT}: 0 (one CTA per row tile) or 1 (split K)")
+K_SPLIT = K_SPLIT == "1"
 K_MULTIPLE = 2 * IMAGE_K           # K per call: whole pairs of 128-k image rows, at every K_UNROLL
 SMEM_BYTES = 4 * ROWS_PER_CTA      # fp16x2 {ra, ra} per row
 
@@ -74,7 +84,7 @@ class _ActFp8:
                  k: cutlass.Int32, stream: cuda.CUstream):
         mp = image_rows_dsl(m)
         row_ctas = mp // ROWS_PER_CTA
-        splits = ksplit_by(row_ctas, k, lambda a, b: a // b, cutlass.max, cutlass.min)
+        splits = ksplit_by(row_ctas, k, lambda a, b: a // b, cutlass.max, cutlass.min) if K_SPLIT else 1
         self.kernel(act, ascales, images, m, k).launch(grid=[row_ctas, splits, 1], block=[THREADS, 1, 1],
                                                        smem=SMEM_BYTES, stream=stream, use_pdl=True)
 
@@ -111,7 +121,10 @@ class _ActFp8:
                 mx = cute.arch.warp_redux_sync(mx, "max")
                 ra_bits, inv_bits = ra_of_max(mx)
                 if lane == 0:
-                    if bz == 0:
+                    if cutlass.const_expr(K_SPLIT):    # the row tile's first CTA writes 1 / ra
+                        if bz == 0:
+                            mIra[row] = f32_of_bits(inv_bits)
+                    else:
                         mIra[row] = f32_of_bits(inv_bits)
                     _sts_u32(sra + 4 * (warp * 4 + i), ra_half2(ra_bits))
         else:
@@ -127,7 +140,10 @@ class _ActFp8:
                 mx = cute.arch.warp_redux_sync(cutlass.select_(row < m, mxs[i], Int32(0)), "max")
                 ra_bits, inv_bits = ra_of_max(mx)
                 if lane == 0:
-                    if bz == 0:
+                    if cutlass.const_expr(K_SPLIT):    # the row tile's first CTA writes 1 / ra
+                        if bz == 0:
+                            mIra[row] = f32_of_bits(inv_bits)
+                    else:
                         mIra[row] = f32_of_bits(inv_bits)
                     _sts_u32(sra + 4 * (warp * 4 + i), ra_half2(ra_bits))
         cute.arch.sync_threads()
@@ -141,9 +157,11 @@ class _ActFp8:
         rr = cutlass.min(row, m - 1)                       # pad rows load row m - 1 and keep zeros
         ra2 = _lds_u32(sra + 4 * rl)
         out = cute.make_rmem_tensor((4,), Int32)
-        pairs = k // (2 * IMAGE_K)                         # this CTA's k-tile pairs: its share of the row tile's K
-        kt_lo = 2 * (pairs * bz // nz)
-        kt_hi = 2 * (pairs * (bz + 1) // nz)               # nz <= pairs (ksplit_by): at least one pair each
+        kt_lo, kt_hi = 0, k // IMAGE_K
+        if cutlass.const_expr(K_SPLIT):
+            pairs = k // (2 * IMAGE_K)                     # this CTA's k-tile pairs: its share of the row tile's K
+            kt_lo = 2 * (pairs * bz // nz)
+            kt_hi = 2 * (pairs * (bz + 1) // nz)           # nz <= pairs (ksplit_by): at least one pair each
         for kt2 in cutlass.range(kt_lo, kt_hi, K_UNROLL, unroll=1):
             words, scs = [], []
             for u in cutlass.range_constexpr(K_UNROLL):    # every load first: they overlap
@@ -194,8 +212,10 @@ def compile(arch: str, knobs: dict, name: str, dump_dir: str, *, keep_ptx: bool 
     """Trace and cross-compile the one variant (kernel symbol ``<name>_0``)."""
     refuse_invalid(name, invalid_reason(arch, knobs))
     from svdq_loader.ops import ACT_FP8
-    (rows,) = image_rows_grid_hint(ACT_FP8.host_args, ROWS_PER_CTA)
-    k = ["arg", ACT_FP8.arg_names.index("k")]
-    splits = ksplit_by(rows, k, lambda a, b: ["floordiv", a, b], lambda a, b: ["max", a, b],
-                       lambda a, b: ["min", a, b])
-    return compile_prepass(_ActFp8, ACT_FP8, name, arch, dump_dir, SMEM_BYTES, ROWS_PER_CTA, keep_ptx, (splits,))
+    hints = ()
+    if K_SPLIT:            # grid.y as a launch-recipe expression
+        (rows,) = image_rows_grid_hint(ACT_FP8.host_args, ROWS_PER_CTA)
+        k = ["arg", ACT_FP8.arg_names.index("k")]
+        hints = (ksplit_by(rows, k, lambda a, b: ["floordiv", a, b], lambda a, b: ["max", a, b],
+                           lambda a, b: ["min", a, b]),)
+    return compile_prepass(_ActFp8, ACT_FP8, name, arch, dump_dir, SMEM_BYTES, ROWS_PER_CTA, keep_ptx, hints)

@@ -388,17 +388,22 @@ def test_project_sm90_gemm_kernel_matches_dsl(tmp_path, schedule, tile_m, wsets)
         assert big.grid == (6, 1, 1) and one.grid == (1, 1, 1) and big.params == one.params
 
 
-@pytest.mark.parametrize("op", ["gemm_w4a4_fp8", "act_fp8"])
-def test_project_fp8_mode_kernels_match_dsl(tmp_path, op):
-    """The FP8-compute mode's GEMM and its pre-pass: the serialised host program launches exactly what the DSL's
-    own host code launches (grid, block, SMEM, cluster, parameter bytes) for random shapes and pointers."""
+@pytest.mark.parametrize("op, k_split", [("gemm_w4a4_fp8", False), ("act_fp8", False), ("act_fp8", True)])
+def test_project_fp8_mode_kernels_match_dsl(tmp_path, monkeypatch, op, k_split):
+    """The FP8-compute mode's GEMM and its pre-pass (also with ``SVDQ_KERNEL_SM90_ACT_FP8_KSPLIT=1``'s grid.y): the
+    serialised host program launches exactly what the DSL's own host code launches (grid, block, SMEM, cluster,
+    parameter bytes) for random shapes and pointers."""
     from svdq_aot.host_ir import serialize_host
     from svdq_kernels import registry
     from svdq_loader.cubin_info import param_sizes
     from svdq_loader.ops import op_spec
+    from svdq_loader.ops.act_fp8 import ksplit
     from svdq_loader.ops.decode_act import image_rows
 
     fam, spec = registry.family(op, "sm_90a"), op_spec(op)
+    if op == "act_fp8":
+        import svdq_kernels.sm90_act_fp8 as kernel_module
+        monkeypatch.setattr(kernel_module, "K_SPLIT", k_split)     # the switch, read at trace time
     if op == "act_fp8":
         knobs = dict(scale_layout="logical")
     else:
@@ -414,8 +419,10 @@ def test_project_fp8_mode_kernels_match_dsl(tmp_path, op):
     assert prog.arg_kinds == [want[k] for _, k in spec.host_args]
     nptr = sum(1 for _, k in spec.host_args if k == "ptr")
     rng = random.Random(7)
-    for _ in range(10):
+    for i in range(10):
         m, n, k = rng.randrange(1, 9000), 128 * rng.randrange(1, 100), 256 * rng.randrange(1, 60)
+        if i < 3:
+            m = (1, 77, 1024)[i]                   # few row tiles: the K split's range
         ptrs = [_ptr(rng) for _ in range(nptr)]
         if op == "act_fp8":
             args = ptrs + [m, k, rng.randrange(0, 1 << 47)]
@@ -427,8 +434,8 @@ def test_project_fp8_mode_kernels_match_dsl(tmp_path, op):
         assert not O.compare_records(vm, dsl, amask, pmask)
         assert vm.kernel == sym and vm.smem == ck.smem_bytes == fam.smem_bytes_for(knobs)
         if op == "act_fp8":
-            from svdq_loader.ops.act_fp8 import ksplit
-            assert vm.grid == (image_rows(m) // 16, ksplit(m, k), 1) and vm.block == (128, 1, 1)
+            splits = ksplit(m, k) if k_split else 1
+            assert vm.grid == (image_rows(m) // 16, splits, 1) and vm.block == (128, 1, 1)
         else:
             assert vm.grid == (min(-(-m // 208) * (n // 128), args[-2]), 1, 1) and vm.block == (384, 1, 1)
         assert vm.params[:nptr] == [p.to_bytes(8, "little") for p in ptrs]

@@ -230,6 +230,7 @@ def test_three_fragment_buffers_move_the_decode_off_the_critical_path(tmp_path, 
 @pytest.mark.parametrize("module, switch, value, message", [
     ("sm90_plan", "SVDQ_KERNEL_SM90_FP8_BUFFERS", "4", "the FP8-compute fragment buffers must be 2 or 3"),
     ("sm90_act_fp8", "SVDQ_KERNEL_SM90_ACT_FP8_UNROLL", "3", "the act_fp8 loop step must be 2, 4 or 8 k-tiles"),
+    ("sm90_act_fp8", "SVDQ_KERNEL_SM90_ACT_FP8_KSPLIT", "2", "0 (one CTA per row tile) or 1 (split K)"),
 ])
 def test_the_fp8_build_switches_name_their_values(module, switch, value, message):
     import os

@@ -58,8 +58,9 @@ def decode_cases(knobs: dict, req: dict) -> list[Case]:
 
 
 def act_fp8_cases(knobs: dict, req: dict) -> list[Case]:
-    """M = 1, a tail past one image block, K of one and of many k-tile pairs (decode_act's cases: K split over 3
-    and 12 CTAs per row tile), and M = 1024 with K split unevenly (48 pairs over 7 CTAs: `act_fp8.ksplit`)."""
+    """M = 1, a tail past one image block, K of one and of many k-tile pairs (decode_act's cases), and M = 1024,
+    K = 12288.  In a build with the K split (``SVDQ_KERNEL_SM90_ACT_FP8_KSPLIT=1``, `act_fp8.ksplit`) these split
+    each row tile's K over 1, 3, 12 and 7 CTAs (the last unevenly: 48 pairs)."""
     kmin = req["k_multiple"]
     return [Case("act_fp8", c.kwargs) for c in decode_cases(knobs, req)] + \
         [Case("act_fp8", dict(m=1024, k=max(12288 // kmin, 1) * kmin, seed=24))]
