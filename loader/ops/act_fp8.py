@@ -1,6 +1,7 @@
 """Operator ``act_fp8``: NVFP4 activations -> the E4M3 *stage images* of the sm_90a FP8-compute GEMM.
 
-An internal operator: no public call.  The ``gemm_w4a4_fp8`` op's spec names it as its ``prepass``: each call runs it
+No call of its own: ``quantize_act(..., compute="fp8")`` and ``act_to_fp8`` run it (below), and the ``gemm_w4a4_fp8``
+op's spec names it as its ``prepass``: each call from an NVFP4 activation runs it
 into a per-call workspace, then the GEMM reads that workspace through its ``act`` pointer (`decode_act.ImagesLauncher`).
 It is the FP8-compute mode's activation side (docs/design.md section 2): the activation quantize_act wrote, each
 value rounded once to E4M3 after the row's power of two ``ra``.

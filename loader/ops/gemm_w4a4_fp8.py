@@ -8,8 +8,10 @@ the mode is never chosen silently: a call reaches it only with a weight prepared
 (`gemm_w4a4.prepare_weight`), and ``select`` names the operator a call got.
 
 The same host arguments and features as ``gemm_w4a4``; the tensors differ only inside the prepared weight (the
-``sm90_fp8_frag`` format, whose ``wscales`` carries rw, and a ``wcscale`` of wcscale / rw).  Each call runs
-``act_fp8`` first (its ``prepass``), into a per-call workspace the GEMM reads through ``act``.
+``sm90_fp8_frag`` format, whose ``wscales`` carries rw, and a ``wcscale`` of wcscale / rw).  A call given the
+mode's own activation (an ``act_fp8.E4m3Act``, from ``quantize_act(..., compute="fp8")``, with ``ascales`` None)
+runs the GEMM alone on it; a call given an NVFP4 activation runs ``act_fp8`` first (its ``prepass``), into a
+per-call workspace the GEMM reads through ``act``.
 """
 from __future__ import annotations
 
