@@ -131,10 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="token counts M for quantize_act (default: " + ",".join(map(str, QUANT_M)) + ")")
     ap.add_argument("--rank", type=int, default=32, help="LoRA rank R, 0 for none (default: %(default)s)")
     ap.add_argument("--compute", type=_choice_list(("exact", "fp8")), default=["exact"], metavar="LIST",
-                    help="compute modes of the gemm_w4a4 and linear cases, comma-separated from exact,fp8 "
-                         "(default: exact; fp8 is the FP8-compute mode, op gemm_w4a4_fp8, sm_90a: docs/design.md "
-                         "section 2; its GEMM is timed from quantize_act's E4M3 activation, and from an NVFP4 one "
-                         "beside it)")
+                    help="compute modes of the gemm_w4a4 and linear cases and of the host cost, comma-separated "
+                         "from exact,fp8 (default: exact; fp8 is the FP8-compute mode, op gemm_w4a4_fp8, sm_90a: "
+                         "docs/design.md section 2; its GEMM is timed from quantize_act's E4M3 activation, and from "
+                         "an NVFP4 one beside it)")
     ap.add_argument("--dtype", type=_choice_list(("bf16", "fp16")), default=["bf16", "fp16"], metavar="LIST",
                     help="activation/output dtypes, comma-separated from bf16,fp16 (default: both)")
     ap.add_argument("--baselines", type=_choice_list(tuple(BASELINES)), default=list(BASELINES), metavar="LIST",
@@ -564,8 +564,9 @@ def same_size_copy(nbytes: int, n_sets: int, st: Settings) -> dict:
 # Host cost
 # ---------------------------------------------------------------------------
 
-def _tiny_gemm(lib, rank, dtype, shapes):
-    """A tiny GEMM the artifacts serve: M=16, K=N=128 first, then the manifest's and the config's shapes."""
+def _tiny_gemm(lib, rank, dtype, shapes, compute="exact"):
+    """A tiny GEMM the artifacts serve: M=16, K=N=128 first, then the manifest's and the config's shapes.  In the
+    FP8-compute mode, from an E4m3Act (what a model's calls take)."""
     import torch
     from . import reference as ref
     cands = [(128, 128)]
@@ -576,10 +577,14 @@ def _tiny_gemm(lib, rank, dtype, shapes):
         p = ref.random_problem(16, n, k, rank, seed=1, out_dtype=dtype, device="cuda")
         out = torch.empty(16, n, dtype=_dtype(dtype), device="cuda")
         try:
-            w = lib.prepare_weight(p["wgt"], p["wscales"], lora_up=p["lora_up"], wcscale=p["wcscale"], bias=p["bias"])
+            kw = {} if compute == "exact" else dict(compute=compute)
+            w = lib.prepare_weight(p["wgt"], p["wscales"], lora_up=p["lora_up"], wcscale=p["wcscale"], bias=p["bias"],
+                                   **kw)
+            act, sc = (p["act"], p["ascales"]) if compute == "exact" else (lib.act_to_fp8(p["act"], p["ascales"]),
+                                                                             None)
 
-            def call(p=p, w=w, out=out):
-                lib.gemm_w4a4(p["act"], w, p["ascales"], lora_act_in=p["lora_act_in"], out=out)
+            def call(act=act, sc=sc, p=p, w=w, out=out):
+                lib.gemm_w4a4(act, w, sc, lora_act_in=p["lora_act_in"], out=out)
             call()
             torch.cuda.synchronize()
             return k, n, call, None
@@ -590,7 +595,7 @@ def _tiny_gemm(lib, rank, dtype, shapes):
     return None, None, None, "; ".join(reasons[:3]) or "no candidate shape"
 
 
-def _tiny_quant(lib, rank, dtype, shapes):
+def _tiny_quant(lib, rank, dtype, shapes, compute="exact"):
     import torch
     if not hasattr(lib, "quantize_act"):
         return None, None, "this svdq_loader has no quantize_act"
@@ -599,10 +604,11 @@ def _tiny_quant(lib, rank, dtype, shapes):
     for k in dict.fromkeys(ks):
         x, smooth, ld = _quant_inputs(16, k, rank, _dtype(dtype))
         try:
-            act, sc, la = lib.quantize_act(x, smooth=smooth, lora_down=ld)
+            kw = {} if compute == "exact" else dict(compute=compute)
+            act, sc, la = lib.quantize_act(x, smooth=smooth, lora_down=ld, **kw)
 
             def call(x=x, smooth=smooth, ld=ld, act=act, sc=sc, la=la):
-                lib.quantize_act(x, smooth=smooth, lora_down=ld, out_act=act, out_scales=sc, out_lora=la)
+                lib.quantize_act(x, smooth=smooth, lora_down=ld, out_act=act, out_scales=sc, out_lora=la, **kw)
             call()
             torch.cuda.synchronize()
             return k, call, None
@@ -613,8 +619,9 @@ def _tiny_quant(lib, rank, dtype, shapes):
     return None, None, "; ".join(reasons[:3]) or "no candidate shape"
 
 
-def host_costs(lib, ops, rank, dtype, shapes, st) -> list[dict]:
-    """µs per call of our ops and of torch.matmul / x.float() of the same size (tiny, cached problems)."""
+def host_costs(lib, ops, rank, dtype, shapes, st, computes=("exact",)) -> list[dict]:
+    """µs per call of our ops and of torch.matmul / x.float() of the same size (tiny, cached problems), in each
+    compute mode of `computes` (the FP8-compute mode: its GEMM from an E4m3Act, its two-kernel quantize_act)."""
     import torch
     tdt = _dtype(dtype)
     rows = []
@@ -635,18 +642,21 @@ def host_costs(lib, ops, rank, dtype, shapes, st) -> list[dict]:
                          refs={k: v["us"] for k, v in refs.items()},
                          ratio={k: own["us"] / v["us"] for k, v in refs.items()}))
 
-    if "gemm_w4a4" in ops:
-        k, n, call, why = _tiny_gemm(lib, rank, dtype, shapes)
-        if call is None:
-            rows.append(dict(op="gemm_w4a4", skipped=why))
-        else:
-            measure("gemm_w4a4", call, f"M=16 K={k} N={n}", k, n)
-    if "quantize_act" in ops:
-        k, call, why = _tiny_quant(lib, rank, dtype, shapes)
-        if call is None:
-            rows.append(dict(op="quantize_act", skipped=why))
-        else:
-            measure("quantize_act", call, f"M=16 K={k}", k, k, extra=(("x.float()", lambda t: t.float()),))
+    for compute in computes:
+        tag = "" if compute == "exact" else f" {compute}"
+        if "gemm_w4a4" in ops:
+            k, n, call, why = _tiny_gemm(lib, rank, dtype, shapes, compute)
+            if call is None:
+                rows.append(dict(op="gemm_w4a4" + tag, skipped=why))
+            else:
+                measure("gemm_w4a4" + tag, call, f"M=16 K={k} N={n}", k, n)
+        if "quantize_act" in ops:
+            k, call, why = _tiny_quant(lib, rank, dtype, shapes, compute)
+            if call is None:
+                rows.append(dict(op="quantize_act" + tag, skipped=why))
+            else:
+                measure("quantize_act" + tag, call, f"M=16 K={k}", k, k,
+                        extra=(("x.float()", lambda t: t.float()),))
     return rows
 
 
@@ -936,7 +946,7 @@ def main(argv=None) -> int:
                         f"M={m} K={k} {dtype}")
     print("host cost:", flush=True)
     try:
-        doc["host"] = host_costs(lib, ops, args.rank, args.dtype[0], shapes, st)
+        doc["host"] = host_costs(lib, ops, args.rank, args.dtype[0], shapes, st, args.compute)
     except Exception as exc:  # noqa: BLE001
         failed += 1
         doc["host"] = [dict(op="host cost", error=f"{type(exc).__name__}: {_first_line(exc)}")]
