@@ -2,16 +2,15 @@
 
 CuTe-DSL, build time only.  The workspace format is stated once, in ``svdq_loader.ops.act_fp8``.
 
-A CTA of 128 threads owns 16 image rows over the whole K (with ``K_SPLIT``, an experiment: its share of their K,
-where the row tiles are few (small M) grid.y CTAs splitting each row tile's k-tile pairs evenly,
-``svdq_loader.ops.act_fp8.ksplit_by``).  First each warp takes four
-rows: its lanes read the row's
-E4M3 scale bytes a 32-bit word at a time, keep the largest byte (E4M3 encodings of non-negative values order like
-their values), reduce it over the warp (``redux.sync``), and turn it into ra and 1 / ra (``sm90_fp8_ptx.ra_of_max``:
-the largest power of two with 6 · scale · ra <= 448; every CTA of a row tile reads the whole row's scales).  Lane 0
-writes 1 / ra (the row tile's first CTA only) and leaves fp16x2 {ra, ra} in SMEM.  Then, per pair of its k-tiles
-(128 k each), thread t writes the 16-byte chunk t % 8 of row t // 8: one 8-byte load of the
-codes of logical chunk c = (t % 8) ^ (row % 8) and one scale byte, the two byte forms of each code word, then per
+A CTA of 128 threads owns 16 image rows over the whole K (with ``K_SPLIT``, an experiment: its share of their K;
+where the row tiles are few, small M, grid.y CTAs split each row tile's k-tile pairs evenly,
+``svdq_loader.ops.act_fp8.ksplit_by``).  First each warp takes four rows: its lanes read the row's E4M3 scale bytes a
+32-bit word at a time, keep the largest byte (E4M3 encodings of non-negative values order like their values),
+reduce it over the warp (``redux.sync``), and turn it into ra and 1 / ra (``sm90_fp8_ptx.ra_of_max``: the largest
+power of two with 6 · scale · ra <= 448; every CTA of a row tile reads the whole row's scales).  Lane 0 writes
+1 / ra (with ``K_SPLIT``, the row tile's first CTA only) and leaves fp16x2 {ra, ra} in SMEM.  Then, per pair of its
+k-tiles (128 k each), thread t writes the 16-byte chunk t % 8 of row t // 8: one 8-byte load of the codes of logical
+chunk c = (t % 8) ^ (row % 8) and one scale byte, the two byte forms of each code word, then per
 pair of k one byte permute, one mask, two fp16x2 multiplies (by 2^14, which makes the E2M1 value, and by scale · ra)
 and one rounding conversion to E4M3 (``sm90_fp8_ptx.act_e4m3``); so every store instruction of a warp writes four
 whole 128-byte image rows.  Rows M .. image_rows(M) - 1 are written as +0 with 1 / ra = 1.
