@@ -110,41 +110,30 @@ class _ActFp8:
         warp, lane = tidx // 32, tidx % 32
 
         # ---- ra of each row: the largest scale byte, over the warp ------------------------------------------
+        r0 = bx * ROWS_PER_CTA + warp * 4
+        mxs = cute.make_rmem_tensor((4,), Int32)
+        mxs.fill(0)
         if cutlass.const_expr(K_UNROLL == 2):
-            for i in cutlass.range_constexpr(ROWS_PER_CTA // 4):
-                row = bx * ROWS_PER_CTA + warp * 4 + i
-                mx = Int32(0)
-                if row < m:
+            for i in cutlass.range_constexpr(ROWS_PER_CTA // 4):     # one row at a time (the form before session 29)
+                if r0 + i < m:
                     for w in cutlass.range(lane, kq, 32, unroll=1):
-                        mx = cutlass.max(mx, byte_max(mAscW[row, w]))
-                mx = cute.arch.warp_redux_sync(mx, "max")
-                ra_bits, inv_bits = ra_of_max(mx)
-                if lane == 0:
-                    if cutlass.const_expr(K_SPLIT):    # the row tile's first CTA writes 1 / ra
-                        if bz == 0:
-                            mIra[row] = f32_of_bits(inv_bits)
-                    else:
-                        mIra[row] = f32_of_bits(inv_bits)
-                    _sts_u32(sra + 4 * (warp * 4 + i), ra_half2(ra_bits))
+                        mxs[i] = cutlass.max(mxs[i], byte_max(mAscW[r0 + i, w]))
         else:
             # the four rows' words loaded together (pad rows read row m - 1; their maximum is not used)
-            r0 = bx * ROWS_PER_CTA + warp * 4
-            mxs = cute.make_rmem_tensor((4,), Int32)
-            mxs.fill(0)
             for w in cutlass.range(lane, kq, 32, unroll=1):
                 for i in cutlass.range_constexpr(4):
                     mxs[i] = cutlass.max(mxs[i], byte_max(mAscW[cutlass.min(r0 + i, m - 1), w]))
-            for i in cutlass.range_constexpr(4):
-                row = r0 + i
-                mx = cute.arch.warp_redux_sync(cutlass.select_(row < m, mxs[i], Int32(0)), "max")
-                ra_bits, inv_bits = ra_of_max(mx)
-                if lane == 0:
-                    if cutlass.const_expr(K_SPLIT):    # the row tile's first CTA writes 1 / ra
-                        if bz == 0:
-                            mIra[row] = f32_of_bits(inv_bits)
-                    else:
+        for i in cutlass.range_constexpr(4):
+            row = r0 + i
+            mx = cute.arch.warp_redux_sync(cutlass.select_(row < m, mxs[i], Int32(0)), "max")
+            ra_bits, inv_bits = ra_of_max(mx)
+            if lane == 0:
+                if cutlass.const_expr(K_SPLIT):    # the row tile's first CTA writes 1 / ra
+                    if bz == 0:
                         mIra[row] = f32_of_bits(inv_bits)
-                    _sts_u32(sra + 4 * (warp * 4 + i), ra_half2(ra_bits))
+                else:
+                    mIra[row] = f32_of_bits(inv_bits)
+                _sts_u32(sra + 4 * (warp * 4 + i), ra_half2(ra_bits))
         cute.arch.sync_threads()
 
         # ---- the image: thread t writes 16-byte chunk t % 8 of row t // 8, k-tile by k-tile ------------------

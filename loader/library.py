@@ -373,7 +373,7 @@ class Library:
         check_devices(dict(act=act, ascales=ascales))
         ordinal = _tensor_ordinal(act)
         pre = self._act_fp8_launcher(ordinal, m, k, out)
-        out = out if out is not None else E4m3Act.empty(m, k, _cuda_device(ordinal))
+        out = out if out is not None else E4m3Act.empty(m, k, act.device)
         _launch_in_primary(pre, [act.data_ptr(), ascales.data_ptr(), out.data_ptr(), m, k, _current_stream(ordinal)])
         return out
 
@@ -432,11 +432,6 @@ def _launch_in_primary(ln: Launcher, args) -> None:
             dk.pop()
     else:
         ln.launch(args)
-
-
-def _cuda_device(ordinal: int):
-    from .ops.checks import torch_module
-    return torch_module().device("cuda", ordinal)
 
 
 def _tensor_ordinal(t) -> int:

@@ -143,9 +143,9 @@ class EmulatedLibrary:
     def __init__(self, variants):
         self.variants, self.prepared = variants, 0
 
-    def quantize_act(self, x, *, smooth=None, lora_down=None):
+    def quantize_act(self, x, *, smooth=None, lora_down=None, compute="exact"):
         from svdq_loader.testing import torch_quant
-        assert x.is_contiguous() and x.data_ptr() % 16 == 0
+        assert x.is_contiguous() and x.data_ptr() % 16 == 0 and compute == "exact"
         return torch_quant.quantize_act(x, smooth, lora_down)
 
     def prepare_weight(self, wgt, wscales, *, lora_up=None, wcscale=None, bias=None, compute="exact"):

@@ -48,9 +48,7 @@ def quantize(lib, x, smooth, lora_down, compute: str = "exact"):
         return torch_ops.quantize_act(x, smooth, lora_down)
     if x.data_ptr() % 16:
         x = x.clone()
-    if compute != "exact":
-        return lib.quantize_act(x, smooth=smooth, lora_down=lora_down, compute=compute)
-    return lib.quantize_act(x, smooth=smooth, lora_down=lora_down)
+    return lib.quantize_act(x, smooth=smooth, lora_down=lora_down, compute=compute)
 
 
 def prepare(lib, qweight, wscales, lora_up, wcscale, bias, cache: dict, compute: str = "exact"):
