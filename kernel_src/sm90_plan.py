@@ -10,7 +10,7 @@ import math
 import os
 from typing import Optional
 
-from svdq_loader.ops.decode_act import IMAGE_TILE_ROWS
+from svdq_loader.ops.decode_act import IMAGE_INNER_ROWS, IMAGE_TILE_ROWS
 from svdq_loader.ops.gemm_streamk import loop_unroll
 
 from .gemm_features import GemmFeatures, gemm_feature_values
@@ -370,9 +370,10 @@ def _problem(cfg: _Cfg) -> Optional[str]:
         return (f"act_source images with schedule {cfg.schedule}: the bulk copies of the stage images are issued "
                 f"by the producer warpgroup of a warp-specialised schedule (ws, ws_splitk2, ws_splitk4)")
     if cfg.act_source == "images":
-        if cfg.tile_m not in IMAGE_TILE_ROWS:
-            return (f"tile_m {cfg.tile_m} with act_source images: the decode_act image covers whole tiles of "
-                    f"{' and '.join(map(str, IMAGE_TILE_ROWS))} rows only")
+        if cfg.tile_m not in IMAGE_TILE_ROWS + IMAGE_INNER_ROWS:
+            return (f"tile_m {cfg.tile_m} with act_source images: the stage image covers whole tiles of "
+                    f"{', '.join(map(str, IMAGE_TILE_ROWS))} rows, and {', '.join(map(str, IMAGE_INNER_ROWS))} "
+                    f"where its tiles lie inside it (svdq_loader.ops.decode_act)")
     elif cfg.tile_m % 64:
         return (f"tile_m {cfg.tile_m} with act_source nvfp4: the producer decodes whole 64-row blocks (64, 128 or "
                 f"256; 224 is an act_source images tile)")

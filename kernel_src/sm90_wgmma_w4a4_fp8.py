@@ -29,6 +29,7 @@ from .compiled_output import cubin_resource_usage, refuse_invalid
 from . import sm90_plan
 from .sm90_plan import FP8_TILE_K, SMEM_LIMIT_BYTES, _cfg_of, _problem, _smem_plan, k_unroll, threads_of
 from .sm90_wgmma_kernel import _Sm90Wgmma
+from svdq_loader.ops.decode_act import IMAGE_INNER_ROWS
 
 __all__ = ["OP", "ARCHS", "NAME", "TUNING", "FEATURE_VALUES", "config_axes", "resolve", "invalid_reason",
            "requirements", "compile", "threads_for", "smem_bytes_for", "cubin_resource_usage", "SMEM_LIMIT_BYTES",
@@ -41,7 +42,9 @@ NAME = "sm90_wgmma_w4a4_fp8"
 #: The knobs a form may set (`config_axes`: tiles, stages); the others are the exact family's knobs, fixed here to
 #: the one value the FP8-compute kernel has (`FIXED`).
 TUNING: dict[str, tuple] = dict(
-    tile_m=(128, 208, 224, 256),   # 224 and 256: refused with their measured stack frames (invalid_reason)
+    # 216, 224 and 256: weights staged only (invalid_reason); 216 serves an M where its row tiles lie inside the
+    # stage image (an experiment, session 31: svdq_loader.ops.decode_act.IMAGE_INNER_ROWS)
+    tile_m=(128, 208, 216, 224, 256),
     tile_n=(128,),
     tile_k=(FP8_TILE_K,),          # 128 k per stage: one 128-byte row of E4M3
     stages=(3, 4, 6),
@@ -73,11 +76,12 @@ _MAX_STAGED_RANK = 80
 #: 1.36-1.42 (1.29 at M = 1024, where the pre-pass weighs more), 208 rows 1.04-1.09, 224 rows 1.03-1.06.  With them
 #: the rule picks the fastest measured tile height at all nine points of both runs (e.g. M = 4608, N = 3072: 224
 #: rows, four waves of 504 tiles on 132 SMs; M = 1024: 208 rows at N = 3072, one wave of 120 tiles, and 256 rows at
-#: N = 12288).
+#: N = 12288).  The 216-row tile's factor lies between its neighbours' (not measured yet: an experiment, session 31);
+#: with it the rule takes 216 rows at M = 4608 on N = 3072, 9216 and 12288 (528, 1584 and 2112 tiles: whole waves).
 SELECTION = [
     {"m_max": None, "priority": 0, "prefer": [
         {"fill": {"tile": ["tile_m", "tile_n", "tile_k"], "ctas_per_sm": 1,
-                  "factor": {"knob": "tile_m", "values": [[128, 1.4], [208, 1.06], [224, 1.05]]}}},
+                  "factor": {"knob": "tile_m", "values": [[128, 1.4], [208, 1.06], [216, 1.055], [224, 1.05]]}}},
         {"knob": "stages", "order": "desc"}, {"knob": "wsets", "order": "desc"},
         {"knob": "weights", "values": list(sm90_plan.FP8_WEIGHT_PATHS)}]},
 ]
@@ -170,6 +174,10 @@ def invalid_reason(arch: str, knobs: dict) -> Optional[str]:
         return (f"wsets {cfg.wsets} with fp16 output at rank {rank}: four raw weight sets beside the promotion and a "
                 f"LoRA of two chunks keep an 8-byte stack frame (measured on the CPU, session 28: rank 128); two sets "
                 f"build")
+    if tm in IMAGE_INNER_ROWS and cfg.weights != "staged":
+        return (f"tile_m {tm} with weights {cfg.weights}: the {tm}-row tile is built with weights staged only (an "
+                f"experiment for M = 4608, session 31; staged, the 224- and 256-row tiles ran 5-12 % faster than the "
+                f"208-row register form there, session 29)")
     if tm > 128 and tm > _MAX_TILE_M.get(rank, 128) and cfg.weights == "regs":
         return (f"tile_m {tm} at rank {rank} with weights regs: the FP8-compute MMA warps hold eight weight words and "
                 f"four scale words per raw set (twice the exact mode's) beside {tm // 2} accumulators, and ptxas keeps "
@@ -179,7 +187,7 @@ def invalid_reason(arch: str, knobs: dict) -> Optional[str]:
     if tm > 128 and rank > _MAX_STAGED_RANK and cfg.weights == "staged":
         return (f"tile_m {tm} at rank {rank} with weights staged: {tm // 2} accumulators beside a LoRA of more than "
                 f"{_MAX_STAGED_RANK} keep a stack frame (measured on the CPU, session 29: rank 96 at 208, 224 and 256 "
-                f"rows); the 128-row tile builds at every rank")
+                f"rows, session 31: 216 rows); the 128-row tile builds at every rank")
     return _problem(cfg)
 
 

@@ -59,6 +59,26 @@ def test_image_rows_cover_whole_tiles_of_every_images_tile_height(m, rows):
     assert rows == -(-max(-(-m // t) * t for t in (208, 224, 256)) // 64) * 64
 
 
+def test_tile_rows_rule_serves_the_inner_heights_where_their_tiles_lie_inside_the_image():
+    """A height of IMAGE_TILE_ROWS always fits the image; 216 (IMAGE_INNER_ROWS) fits exactly where ceil(M / 216)
+    row tiles end inside image_rows(M), and adds no row to any image.  Worked by hand: M = 4608 makes 22 tiles of 216
+    (4752 rows) in a 4800-row image; M = 433 makes 3 (648 rows) in 640 (433 is two tiles of 224 or 256 and three of
+    208: 624, rounded to 64)."""
+    assert D.IMAGE_INNER_ROWS == (216,) and not set(D.IMAGE_INNER_ROWS) & set(D.IMAGE_TILE_ROWS)
+    served = 0
+    for m in range(1, 12001):
+        rows = D.image_rows(m)
+        for t in D.IMAGE_TILE_ROWS:
+            assert D.tile_rows_problem(t, m) is None
+        fits = -(-m // 216) * 216 <= rows
+        served += fits
+        assert (D.tile_rows_problem(216, m) is None) == fits, m
+    assert 0.8 < served / 12000 < 0.9
+    assert D.tile_rows_problem(216, 4608) is None and D.tile_rows_problem(216, 1024) is None
+    why = D.tile_rows_problem(216, 433)
+    assert D.image_rows(433) == 640 and "M=433" in why and "row 648" in why and "640 rows" in why
+
+
 def test_image_rows_of_one_tile_are_one_contiguous_block():
     """The bulk copy of a stage: rows [m0, m0 + tile_m) of k-tile t are tile_m x 128 bytes from (t * rows + m0) * 128."""
     m = 1000

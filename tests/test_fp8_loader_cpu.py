@@ -163,3 +163,33 @@ def test_selection_takes_the_fp8_forms_the_promotion_leaves(tmp_path):
         assert ex.chosen is not None, ex.text()
         got = (ex.chosen.knobs["tile_m"], ex.chosen.knobs["wsets"], ex.chosen.knobs["weights"])
         assert got == (tm, ws, wp), (dt, r, m, k, n, ex.text())
+
+
+def test_the_216_row_tiles_serve_where_their_rows_lie_inside_the_image():
+    """configs/sm90_rows216.yaml (both modes, bf16, rank 32): at M = 4608, N = 3072 the grid-fill estimate takes the
+    216-row tile in either mode (22 row tiles by 24: four whole waves on 132 SMs, against the 224-row tile's 21 in as
+    many); at M = 653 its row tiles would end at row 864, past the 832 rows of the stage image, so the shape rule
+    leaves it out, with that reason, and a covered height serves; at M = 1024 the 208-row tile keeps its one wave."""
+    pytest.importorskip("cutlass")
+    from pathlib import Path
+
+    from svdq_kernels import registry
+    from svdq_loader.ops.decode_act import image_rows
+    from svdq_loader.select_rules import Rule, parse_buckets
+    entries = _fp8_config_entries(Path(__file__).resolve().parents[1] / "configs" / "sm90_rows216.yaml")
+    assert image_rows(653) == 832
+    for op in ("gemm_w4a4_fp8", "gemm_w4a4"):
+        fam = registry.family(op, "sm_90a")
+        key = (op, "sm_90a", fam.NAME)
+        rules = {key: Rule(*key, parse_buckets(fam.SELECTION, "SELECTION", list(fam.TUNING)))}
+        mine = [e for e in entries if e.op == op]
+        assert 216 in {e.knobs["tile_m"] for e in mine}
+        for m, n, want in ((4608, 3072, 216), (653, 3072, 208), (1024, 3072, 208), (4608, 21504, 256)):
+            p = select.Problem(op, "sm_90a", ("bf16", 32, True, True, "logical"), (("m", m), ("n", n), ("k", 3072)))
+            ex = select.explain(mine, rules, p)
+            assert ex.chosen is not None and ex.chosen.knobs["tile_m"] == want, (op, m, n, ex.text())
+            why = [w for name, w in ex.rejected if "tilem216" in name and "rank32" in name]
+            if m == 653:
+                assert why and "tile_m 216" in why[0] and "row 864" in why[0] and "832 rows" in why[0], why
+            elif want != 216:
+                assert why and "outranked" in why[0], why

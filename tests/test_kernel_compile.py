@@ -218,7 +218,9 @@ def test_the_224_row_tile_is_an_images_tile_only():
     assert "tile_m 224 with act_source nvfp4" in nv and "64-row blocks" in nv
     from svdq_kernels.sm90_plan import _Cfg, _problem
     odd = _problem(_Cfg("bf16", 32, True, True, 192, 128, 4, schedule="ws", act_source="images"))
-    assert "tile_m 192 with act_source images" in odd and "224 and 256" in odd
+    assert "tile_m 192 with act_source images" in odd and "208, 224, 256 rows" in odd and "216 where" in odd
+    inner = sm90.invalid_reason(ARCH, make_knobs(tile_m=216, schedule="ws", act_source="images", wsets=4))
+    assert inner is None, inner     # served where its row tiles lie inside the image (decode_act.tile_rows_problem)
     big = _problem(_Cfg("bf16", 128, True, True, 224, 128, 4, schedule="ws", act_source="images"))
     assert "112 accumulator registers" in big and "rank 128" in big
 
@@ -466,6 +468,7 @@ def test_compile_produces_a_clean_sm90a_cubin(knobs, tmp_path):
 # tile start; at a rank of several chunks, under split K and in the coop form it does not (the 256-row tile spills)
 EARLY_CASES = [
     dict(out_dtype="bf16", rank=32, tile_m=208, schedule="ws", wsets=4, act_source="images"),
+    dict(out_dtype="fp16", rank=32, tile_m=216, schedule="ws", wsets=4, act_source="images"),   # session 31
     dict(out_dtype="fp16", rank=64, tile_m=256, schedule="ws", act_source="images"),
     dict(out_dtype="bf16", rank=16, tile_m=64, schedule="ws", wsets=8, act_source="images"),
     dict(out_dtype="fp16", rank=32, tile_m=128, schedule="ws", prefetch=2),

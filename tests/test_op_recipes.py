@@ -46,6 +46,8 @@ CASES = {
     # the 208-row images tile (configs/flux.yaml, M = 1024 and 2048): its grid min(ceil(M/208) x N/128, SMs) comes
     # from the family's recipe hint (without it the loader interpreted the host program once per new shape)
     "gemm_w4a4@images208": ("sm_90a", dict(_SM90, tile_m=208, prefetch=1, act_source="images", wsets=4)),
+    # the 216-row images tile (an experiment, configs/sm90_rows216.yaml): the same hint at 216 rows
+    "gemm_w4a4@images216": ("sm_90a", dict(_SM90, tile_m=216, prefetch=1, act_source="images", wsets=4)),
     # the stream-K schedule (an experiment, configs/sm90_streamk.yaml): grid min(units, SMs), also from a hint
     "gemm_w4a4@streamk": ("sm_90a", dict(_SM90, tile_m=64, prefetch=1, act_source="images", wsets=4,
                                          schedule="ws_streamk")),

@@ -43,6 +43,8 @@ def test_families_are_registered_with_their_ops():
     (dict(tile_m=256, rank=96, weights="staged"), ["rank 96 with weights staged", "stack frame"]),
     (dict(tile_m=208, rank=16, out_dtype="fp16", wsets=4), ["wsets 4 with fp16 output at tile_m 208", "spill"]),
     (dict(tile_m=208, rank=64), ["tile_m 208 at rank 64"]),
+    (dict(tile_m=216), ["tile_m 216 with weights regs", "staged only"]),
+    (dict(tile_m=216, rank=96, weights="staged"), ["rank 96 with weights staged", "stack frame"]),
     (dict(wcscale=False), ["wcscale False"]),
     (dict(tile_k=64), ["tile_k 64"]),
     (dict(schedule="ws_splitk2"), ["schedule 'ws_splitk2'"]),
@@ -58,7 +60,7 @@ def test_valid_forms_and_requirements():
     for tm, ranks in ((128, (0, 16, 32, 48, 64, 96, 128)), (208, (0, 16, 32, 48))):
         for r in ranks:
             assert fam.invalid_reason(ARCH, knobs(tile_m=tm, rank=r)) is None, (tm, r)
-    for tm in (208, 224, 256):
+    for tm in (208, 216, 224, 256):
         for r in (0, 16, 32, 48, 64, 80):
             assert fam.invalid_reason(ARCH, knobs(tile_m=tm, rank=r, weights="staged")) is None, (tm, r)
     assert fam.requirements(ARCH, knobs()) == {"n_multiple": 128, "k_multiple": 256}
@@ -398,3 +400,26 @@ def test_every_shipped_fp8_variant_runs_its_main_loop_on_fp8_qgmma_without_spill
         body = [t for a, t in instructions(sass) if main["start"] <= a <= main["end"]]
         qgmma = [t for t in body if re.search(rf"QGMMA\.64x{tm}x32\.F32\.E4M3\.E4M3 R\d+, R\d+", t)]
         assert qgmma and len(qgmma) == main["hmma"], (v.name, main)
+
+
+def test_the_216_row_staged_tile_builds_its_fp8_mma_at_216_columns(tmp_path):
+    """The 216-row tile of configs/sm90_rows216.yaml (an experiment: built and checked on the CPU): wgmma N = 216 is
+    27 blocks of 8 activation rows, a multiple of the 128-byte swizzle's 8-row period, so its stages hold whole
+    swizzle atoms (216 x 128 B = 27 KiB per k-tile), its E4M3 MMA is ``QGMMA.64x216x32`` with the weight as the
+    register operand, its LoRA MMA ``HGMMA.64x216x16``, and it keeps no stack frame at rank 80, the highest staged
+    rank."""
+    from svdq_kernels import sm90_plan
+    for r, dt in ((32, "BF16"), (80, "BF16")):
+        k = knobs(tile_m=216, rank=r, weights="staged")
+        assert fam.invalid_reason(ARCH, k) is None
+        plan = sm90_plan._smem_plan(sm90_plan._cfg_of(k, "fp8"))
+        assert plan["total_bytes"] <= sm90_plan.SMEM_LIMIT_BYTES
+        name = GEMM_W4A4_FP8.name_for(ARCH, k, fam.requirements(ARCH, k))
+        ck = fam.compile(ARCH, k, name, str(tmp_path))
+        assert ck.resource_usage[ck.kernel_symbols[0]]["stack_frame_bytes"] == 0
+        sass = sass_of_cubin(ck.cubin, tmp_path)
+        assert not re.search(r"\b(STL|LDL)\b", sass)
+        main = min((lp for lp in loops(instructions(sass)) if lp["hmma"]), key=lambda lp: lp["instructions"])
+        body = [t for a, t in instructions(sass) if main["start"] <= a <= main["end"]]
+        assert len([t for t in body if re.search(r"QGMMA\.64x216x32\.F32\.E4M3\.E4M3 R\d+, R\d+", t)]) == main["hmma"]
+        assert re.search(rf"HGMMA\.64x216x16\.F32\.{dt}", sass)

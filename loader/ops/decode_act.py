@@ -17,7 +17,9 @@ The image format (``images``; one home: `image_rows`, `image_bytes`,
 * rows are padded with +0.0 to `image_rows(M)`: the smallest multiple of
   64 (one decode_act CTA) that covers whole tiles of every images tile
   height (`IMAGE_TILE_ROWS`: 64, 128, 208, 224 and 256; the first two divide
-  256, so they never add rows), so every tile's rows exist;
+  256, so they never add rows), so every tile's rows exist; a form of
+  a height in `IMAGE_INNER_ROWS` (216) serves an M only where its tiles
+  lie inside those rows (`tile_rows_problem`);
 * k-tile major: the 64 k of k-tile t of row r are the 128 bytes at
   ``(t · image_rows(M) + r) · 128``, so the rows [m0, m0 + tile_m) of one
   k-tile are one contiguous block that one bulk copy moves into a stage;
@@ -42,6 +44,13 @@ IMAGE_TILE_ROWS = (64, 128, 208, 224, 256)
 #: The heights that set an image's rows: a height that divides another one is covered whenever that one is, so the
 #: rule (and the per-call arithmetic, the decode_act launch and the kernels' row count) skips it: 208, 224, 256.
 IMAGE_COVER_ROWS = tuple(t for t in IMAGE_TILE_ROWS if not any(u != t and u % t == 0 for u in IMAGE_TILE_ROWS))
+#: Tile heights an images form may also have that do not set the image's rows (so adding one changes no image, no
+#: pre-pass and no shipped kernel): such a form serves an M only where its row tiles lie inside `image_rows(M)`
+#: (`tile_rows_problem`; 216 rows: 85 % of M up to 20000, M = 1024 and 4608 among them).  216 exists for the wave
+#: count at M = 4608: 22 row tiles by 24, 72 or 96 weight tiles are exactly 4, 12 or 16 waves on 132 SMs, with 3.6 %
+#: less work per SM than the 224-row tile's 21 row tiles in as many waves.  A multiple of 8, the swizzle's row period,
+#: so a tile's first row sits at swizzle phase 0.
+IMAGE_INNER_ROWS = (216,)
 #: decode_act writes 64 image rows per CTA: the image's rows are a multiple of this.
 IMAGE_ROW_BLOCK = 64
 #: k per image row (one 128-byte fp16 row of a GEMM stage)
@@ -80,6 +89,17 @@ def image_size_problem(m: int, k: int) -> str | None:
     """Why an images GEMM cannot serve an M x K call (its image would not fit 32-bit offsets), or None."""
     return workspace_size_problem("act_source images: the decode_act image", "decode_act", m, k, image_bytes(m, k),
                                   "the forms that decode in their producer (act_source nvfp4) serve this call")
+
+
+def tile_rows_problem(tile_m: int, m: int) -> str | None:
+    """Why an images form of `tile_m` rows cannot serve an M-row call (its last row tile would read past the
+    image's rows), or None.  Always None for the heights of IMAGE_TILE_ROWS, which the image covers."""
+    end = -(-m // tile_m) * tile_m
+    if end <= image_rows(m):
+        return None
+    return (f"tile_m {tile_m}: the row tiles of M={m} end at row {end}, past the {image_rows(m)} rows of its stage "
+            f"image (image_rows: whole tiles of {', '.join(map(str, IMAGE_COVER_ROWS))} rows, then a multiple of "
+            f"{IMAGE_ROW_BLOCK}); the forms of those heights serve this call")
 
 
 def workspace_size_problem(what: str, op: str, m: int, k: int, nbytes: int, remedy: str) -> str | None:
@@ -168,5 +188,6 @@ class ImagesLauncher(PerCallWorkspace):
 
 
 __all__ = ["SPEC", "prepass_spec", "workspace_size_problem",
-           "IMAGE_BYTES_LIMIT", "IMAGE_COVER_ROWS", "IMAGE_ROW_BLOCK", "IMAGE_TILE_ROWS", "IMAGE_K", "IMAGE_SCALE_LOG2",
-           "image_rows", "image_rows_by", "image_bytes", "image_size_problem", "image_offset", "ImagesLauncher"]
+           "IMAGE_BYTES_LIMIT", "IMAGE_COVER_ROWS", "IMAGE_INNER_ROWS", "IMAGE_ROW_BLOCK", "IMAGE_TILE_ROWS", "IMAGE_K",
+           "IMAGE_SCALE_LOG2", "image_rows", "image_rows_by", "image_bytes", "image_size_problem", "tile_rows_problem",
+           "image_offset", "ImagesLauncher"]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from . import gemm_streamk
 from .act_fp8 import E4m3Act
-from .decode_act import image_size_problem
+from .decode_act import image_size_problem, tile_rows_problem
 from .layouts import SCALE_LAYOUT_BY_ARCH
 from .spec import PTR_ALIGN, Feature, OpSpec
 
@@ -37,7 +37,9 @@ def _shape_rule(req, dims) -> str | None:
 
 
 def _knob_size_rule(knobs, dims) -> str | None:
-    return image_size_problem(dims["m"], dims["k"]) if knobs.get("act_source") == "images" else None
+    if knobs.get("act_source") != "images":
+        return None
+    return image_size_problem(dims["m"], dims["k"]) or tile_rows_problem(int(knobs.get("tile_m", 1)), dims["m"])
 
 
 def _coverage(config) -> list[tuple[str, str, dict]]:

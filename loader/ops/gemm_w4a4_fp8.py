@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 
 from . import act_fp8
+from .decode_act import tile_rows_problem
 from .gemm_w4a4 import SPEC as _EXACT
 
 SPEC = dataclasses.replace(
@@ -26,7 +27,8 @@ SPEC = dataclasses.replace(
     summary="NVFP4 W4A4 GEMM in the FP8-compute mode (E4M3 tensor cores; not bit-equivalent) + LoRA + affine",
     prepass=lambda knobs: "act_fp8",
     prepass_extra_bytes=lambda knobs: None,
-    knob_size_rule=lambda knobs, dims: act_fp8.image_size_problem(dims["m"], dims["k"]),
+    knob_size_rule=lambda knobs, dims: (act_fp8.image_size_problem(dims["m"], dims["k"])
+                                        or tile_rows_problem(int(knobs.get("tile_m", 1)), dims["m"])),
 )
 
 __all__ = ["SPEC"]

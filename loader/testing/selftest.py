@@ -24,11 +24,20 @@ class Case:
 
 
 def gemm_cases(knobs: dict, req: dict, op: str = "gemm_w4a4") -> list[Case]:
-    """M = 1, an M tail past one tile, and a multi-tile M; K = one k-block (K < 4R when R > 0) and more."""
+    """M = 1, an M tail past one tile, and a multi-tile M; K = one k-block (K < 4R when R > 0) and more.  The
+    selftest pins the variant (no selection), so an M whose row tiles would lie past an images form's stage image
+    (`decode_act.tile_rows_problem`, the 216-row tile) is moved up to the next M the form serves."""
+    from svdq_loader.ops.decode_act import tile_rows_problem
     n = 2 * req["n_multiple"]
     kmin = req["k_multiple"]
     tm = knobs.get("tile_m", 128)
-    shapes = [(1, n, kmin), (tm + 77, n, 4 * kmin), (3 * tm + 5, 2 * n, max(12 * kmin, 3072 // kmin * kmin))]
+
+    def served(m: int) -> int:
+        while knobs.get("act_source") == "images" and tile_rows_problem(tm, m):
+            m += 1
+        return m
+    shapes = [(1, n, kmin), (served(tm + 77), n, 4 * kmin),
+              (served(3 * tm + 5), 2 * n, max(12 * kmin, 3072 // kmin * kmin))]
     feats = dict(r=knobs["rank"], dt=knobs["out_dtype"], wc=knobs["wcscale"], b=knobs["bias"])
     cases = [Case(op, dict(m=m, n=nn, k=k, seed=1 + i, **feats)) for i, (m, nn, k) in enumerate(shapes)]
     if knobs["wcscale"] or knobs["bias"]:
