@@ -1,6 +1,6 @@
 """Build configuration: YAML -> frozen, validated `Config`.
 
-Schema (every key required, no others allowed)::
+Schema (every key required but ``compute``, no others allowed)::
 
     name: flux                     # [A-Za-z0-9][A-Za-z0-9_.-]*
     archs: [sm_90a, sm_100a]       # archs some kernel family builds (svdq_kernels.registry)
@@ -10,6 +10,7 @@ Schema (every key required, no others allowed)::
     bias: [true]                   #   [true, false] adds variants specialised for calls without it
     shapes:                        # named (K, N) linear shapes the build must cover
       qkv: {k: 3072, n: 9216}
+    compute: [exact, fp8]          # optional: the GEMM's compute modes (default: as the sections say)
     variants:                      # per arch: the operators to build, each with its family's axes
       sm_90a:
         gemm_w4a4:
@@ -18,6 +19,13 @@ Schema (every key required, no others allowed)::
         quantize_act: {}           # {} = the family's defaults
       sm_100a:
         quantize_act: {}
+
+``compute`` is the one optional key: the GEMM compute modes the build provides (`GEMM_OP_BY_COMPUTE`).
+It must list ``exact`` (the operator as stated, every call's default); ``fp8`` adds the FP8-compute GEMM
+(``gemm_w4a4_fp8: {}``, the family's measured default forms, and its ``act_fp8`` pre-pass) on every arch that
+lists ``gemm_w4a4`` and has a family for it (sm_90a), unless the arch's section names those operators itself.
+A config that names ``compute`` without a mode may not hold that mode's operator section.  Without ``compute``
+the sections alone decide, and ``Config.compute`` says which modes they build.
 
 Lists must be non-empty and free of duplicates.  Operators are a
 first-class axis: each arch lists the ops it builds, and every (op, arch)
@@ -43,12 +51,16 @@ from typing import Any
 
 import yaml
 
+from svdq_loader.ops.layouts import GEMM_OP_BY_COMPUTE
+
 KNOWN_DTYPES = ("fp16", "bf16")
 #: Archs people may ask for that have no kernel family yet.
 _FUTURE_ARCHS: tuple[str, ...] = ()   # archs named in the docs that no family builds yet
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _SHAPE_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TOP_KEYS = ("name", "archs", "out_dtypes", "ranks", "wcscale", "bias", "shapes", "variants")
+#: top-level keys a config may leave out
+_OPTIONAL_KEYS = ("compute",)
 
 
 class ConfigError(ValueError):
@@ -86,6 +98,8 @@ class Config:
     bias: tuple[bool, ...]
     shapes: tuple[ShapeSpec, ...]
     arch_variants: tuple[ArchVariants, ...]
+    #: the GEMM compute modes this build provides (module doc; "exact" first)
+    compute: tuple[str, ...] = ("exact",)
     path: str = ""
     sha256: str = ""     # of the YAML file's bytes
 
@@ -189,14 +203,15 @@ class _Validator:
             raise ConfigError(self.problems)
 
     # -- generic helpers ---------------------------------------------------
-    def mapping(self, data: Any, path: str, required: tuple[str, ...], what: str) -> dict | None:
+    def mapping(self, data: Any, path: str, required: tuple[str, ...], what: str,
+                optional: tuple[str, ...] = ()) -> dict | None:
         if not isinstance(data, dict):
             self.bad(path, data, f"expected a mapping ({what})")
             return None
         for k in data:
-            if k not in required:
+            if k not in required + optional:
                 self.bad(f"{path}.{k}" if path else str(k), data[k],
-                         f"unknown key (allowed: {', '.join(required)})")
+                         f"unknown key (allowed: {', '.join(required + optional)})")
         for k in required:
             if k not in data:
                 self.bad(f"{path}.{k}" if path else k, _MISSING, "missing key")
@@ -229,7 +244,7 @@ class _Validator:
         if not isinstance(data, dict):
             raise ConfigError(f"{self.source}: (top level): {_show(data)}: expected a mapping with keys "
                               f"{', '.join(_TOP_KEYS)}, got {type(data).__name__}")
-        self.mapping(data, "", _TOP_KEYS, "the build config")
+        self.mapping(data, "", _TOP_KEYS, "the build config", _OPTIONAL_KEYS)
 
         name = data.get("name")
         if "name" in data and (not isinstance(name, str) or not _NAME_RE.fullmatch(name)):
@@ -242,12 +257,62 @@ class _Validator:
         wcscale = self.bools(data.get("wcscale"), "wcscale") if "wcscale" in data else []
         bias = self.bools(data.get("bias"), "bias") if "bias" in data else []
         shapes = self.shapes(data.get("shapes")) if "shapes" in data else []
+        compute = self.compute(data["compute"]) if "compute" in data else None
         raw_archs = data.get("archs") if isinstance(data.get("archs"), list) else []
         arch_vars = self.variants(data.get("variants"), archs, raw_archs) if "variants" in data else []
+        if compute is not None:
+            arch_vars = self.compute_ops(arch_vars, compute)
+        built = {op for av in arch_vars for op, _ in av.ops}
+        modes = tuple(compute or (m for m, op in GEMM_OP_BY_COMPUTE.items() if m == "exact" or op in built))
         self.fail_now()
         return Config(name=name, archs=tuple(archs), out_dtypes=tuple(dtypes), ranks=tuple(ranks),
                       wcscale=tuple(wcscale), bias=tuple(bias), shapes=tuple(shapes),
-                      arch_variants=tuple(arch_vars), path=self.source, sha256=sha256)
+                      arch_variants=tuple(arch_vars), compute=modes, path=self.source, sha256=sha256)
+
+    def compute(self, data: Any) -> list[str] | None:
+        lst = self.nonempty_list(data, "compute", "compute modes")
+        if lst is None:
+            return None
+        modes = tuple(GEMM_OP_BY_COMPUTE)
+        for i, m in enumerate(lst):
+            if not isinstance(m, str) or m not in modes:
+                self.bad(f"compute[{i}]", m, f"unknown compute mode; expected one of {', '.join(modes)}")
+        self.no_dupes(lst, "compute")
+        if "exact" not in lst:
+            self.bad("compute", lst, "must list exact: the operator as stated, which every call gets unless its "
+                                     "weight was prepared for another mode (fp8 is opt-in beside it)")
+        return [m for m in modes if m in lst]
+
+    def compute_ops(self, arch_vars: list[ArchVariants], compute: list[str]) -> list[ArchVariants]:
+        """Each arch's operators under the config's ``compute`` (module doc): a mode's GEMM (and its pre-pass) added
+        where the arch lists the exact GEMM and has a family for it; a section of a mode left out refused."""
+        from svdq_loader.ops import op_spec
+        registered = set(_registered())
+        exact = GEMM_OP_BY_COMPUTE["exact"]
+        out, built = [], set()
+        for av in arch_vars:
+            ops = list(av.ops)
+            names = [op for op, _ in ops]
+            for mode, op in GEMM_OP_BY_COMPUTE.items():
+                if op in names and mode not in compute:
+                    self.bad(f"variants.{av.arch}.{op}", _MISSING,
+                             f"the config's compute {compute} leaves out mode {mode!r}, whose GEMM this is; add "
+                             f"{mode} to compute or remove this section")
+                if mode in compute and op != exact and exact in names and (op, av.arch) in registered:
+                    for extra in (op, op_spec(op).prepass({})):
+                        if extra is not None and extra not in names:
+                            ops.append((extra, _freeze({})))
+                            names.append(extra)
+                if op in names:
+                    built.add(mode)
+            out.append(ArchVariants(arch=av.arch, ops=tuple(ops)))
+        for mode in compute:
+            op = GEMM_OP_BY_COMPUTE[mode]
+            if op != exact and mode not in built:
+                where = sorted(a for o, a in registered if o == op)
+                self.bad("compute", compute, f"mode {mode!r}: no arch of this config lists gemm_w4a4 and has a "
+                                             f"family for {op} (archs with one: {', '.join(where) or 'none'})")
+        return out
 
     def archs(self, data: Any) -> list[str]:
         lst = self.nonempty_list(data, "archs", "arch names")

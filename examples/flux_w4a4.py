@@ -399,7 +399,7 @@ def parse_args(argv=None):
     p.add_argument("--json", default=None)
     p.add_argument("--fp8", action="store_true",
                    help="also time the W4A4 model in the FP8-compute mode (sm_90a; artifacts with gemm_w4a4_fp8, "
-                        "e.g. configs/sm90_fp8.yaml)")
+                        "e.g. configs/flux.yaml's, built with compute: [exact, fp8])")
     a = p.parse_args(argv)
     a.compile = [s for s in a.compile.split(",") if s]
     return a

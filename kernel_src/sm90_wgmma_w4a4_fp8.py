@@ -15,10 +15,10 @@ tensor cores' accumulation missed fp16's tolerance from K = 12288 on (docs/desig
 
 Forms: the images ``ws`` tile of 128 to 256 activation rows by 128 weight rows, four stages, two or four (``wsets``)
 raw weight sets, and where the MMA warps' raw weights come from (``weights``, `sm90_plan.FP8_WEIGHT_PATHS`): loaded
-from global memory into registers (``regs``), or bulk-copied by the producer into the stages (``staged``).  In the
-register form the 224- and 256-row tiles keep stack frames (measured on the CPU, session 27: the FP8 decode's eight
-weight words and four scale words per raw set, against four and two in the exact mode), and so does the 208-row one
-from rank 64 on; staged, 208-256 rows build up to rank 80.  `invalid_reason` says so.
+from global memory into registers (``regs``), or bulk-copied by the producer into the stages (``staged``).  The
+register form above 128 rows is offered where it has run (208 rows up to rank 48, `_MAX_TILE_M`: session 27 measured
+stack frames beyond, from the FP8 decode's eight weight words and four scale words per raw set); staged, 208-256 rows
+build up to rank 80 (216: an experiment, staged only).  `invalid_reason` says so.
 """
 from __future__ import annotations
 
@@ -31,9 +31,9 @@ from .sm90_plan import FP8_TILE_K, SMEM_LIMIT_BYTES, _cfg_of, _problem, _smem_pl
 from .sm90_wgmma_kernel import _Sm90Wgmma
 from svdq_loader.ops.decode_act import IMAGE_INNER_ROWS
 
-__all__ = ["OP", "ARCHS", "NAME", "TUNING", "FEATURE_VALUES", "config_axes", "resolve", "invalid_reason",
-           "requirements", "compile", "threads_for", "smem_bytes_for", "cubin_resource_usage", "SMEM_LIMIT_BYTES",
-           "SELECTION"]
+__all__ = ["OP", "ARCHS", "NAME", "TUNING", "FEATURE_VALUES", "DEFAULT_FORMS", "config_axes", "resolve",
+           "invalid_reason", "requirements", "compile", "threads_for", "smem_bytes_for", "cubin_resource_usage",
+           "SMEM_LIMIT_BYTES", "SELECTION"]
 
 OP = "gemm_w4a4_fp8"
 ARCHS = ("sm_90a",)
@@ -64,6 +64,10 @@ FEATURE_VALUES: dict[str, tuple] = dict(
     scale_layout=("logical",),
 )
 #: the largest tile_m per rank that compiles without a stack frame with weights regs (CPU, session 27)
+#: The register form's tile heights above 128 rows that have run on a GPU, per rank: 208 rows at ranks 0-48 (H100 and
+#: H200, sessions 27-29).  Session 27 found stack frames beyond them; today's kernel (CPU, session 31, bf16) compiles
+#: 208 and 216 rows without one at ranks 0-96, 224 at ranks 0-80 with two raw sets, and 256 rows spills at ranks 48,
+#: 80 and 96 (and with four sets everywhere).  Those have not run, so the family keeps to this table.
 _MAX_TILE_M = {0: 208, 16: 208, 32: 208, 48: 208}
 #: with weights staged the 208-, 224- and 256-row tiles compile without a stack frame up to this rank (CPU,
 #: session 29: ranks 0-80 at 224 and 256 rows; rank 96 keeps a frame at 208, 224 and 256)
@@ -99,12 +103,30 @@ def smem_bytes_for(knobs: dict) -> int:
     return _smem_plan(_cfg(knobs))["total_bytes"]
 
 
+#: What an empty section (``gemm_w4a4_fp8: {}``, or a config's ``compute: [exact, fp8]``) builds: the forms measured
+#: fastest, each where it was (docs/PERF.md, sessions 28-29), which together serve every rank and dtype the family has.
+DEFAULT_FORMS = (
+    # four raw weight sets in flight: 2-5 % faster than two at the 128-row tile (H100, session 28)
+    {"tiles": [[128, 128, 128]], "wsets": [4]},
+    # fp16 at rank 128 keeps a stack frame with four sets (the promotion's fp32 sums): two serve it
+    {"tiles": [[128, 128, 128]], "wsets": [2], "ranks": [128]},
+    # four sets 1-4 % faster at 208 rows (H200 and H100, session 29); two for K a multiple of 256 only
+    {"tiles": [[208, 128, 128]], "wsets": [2, 4]},
+    # the producer bulk-copies the raw weights into the stages, so the taller tiles fit the MMA warps' registers: 5-12 %
+    # faster than the 208-row tile at M = 4608 (H200, session 29); bf16 only (fp16's fp32 sums do not fit their SMEM)
+    {"tiles": [[224, 128, 128], [256, 128, 128]], "wsets": [4], "weights": ["staged"]},
+)
+
+
 def config_axes(arch: str, section: dict) -> tuple[list[dict], list[str]]:
     """``variants.sm_90a.gemm_w4a4_fp8`` -> knob dicts: ``tiles`` ([[tile_m, 128, 128], ...]), ``stages``
     ([auto | 3 | 4 | 6]), ``wsets`` ([2 | 4], default 2) and ``weights`` ([regs | staged | smem], default regs), or
     ``forms`` (a list of such sections, each may list ``ranks``), read as the exact family reads them: every
-    combination of a form's values; every other knob is fixed (`FIXED`)."""
+    combination of a form's values; every other knob is fixed (`FIXED`).  An empty section builds
+    `DEFAULT_FORMS`."""
     problems: list[str] = []
+    if not section:
+        section = {"forms": [dict(f) for f in DEFAULT_FORMS]}
     if "forms" in section:
         forms = section["forms"]
         if set(section) - {"forms"}:
@@ -179,11 +201,10 @@ def invalid_reason(arch: str, knobs: dict) -> Optional[str]:
                 f"experiment for M = 4608, session 31; staged, the 224- and 256-row tiles ran 5-12 % faster than the "
                 f"208-row register form there, session 29)")
     if tm > 128 and tm > _MAX_TILE_M.get(rank, 128) and cfg.weights == "regs":
-        return (f"tile_m {tm} at rank {rank} with weights regs: the FP8-compute MMA warps hold eight weight words and "
-                f"four scale words per raw set (twice the exact mode's) beside {tm // 2} accumulators, and ptxas keeps "
-                f"a stack frame (measured on the CPU: 224 and 256 rows at every rank, 208 rows from rank 64 on); 128 "
-                f"rows build at every rank, 208 up to rank 48, and with weights staged 208-256 rows up to rank "
-                f"{_MAX_STAGED_RANK}")
+        return (f"tile_m {tm} at rank {rank} with weights regs: not verified on a GPU (the register form above 128 "
+                f"rows has run at 208 rows up to rank 48; session 27 measured a stack frame beyond, and where today's "
+                f"kernel compiles without one, CPU session 31, it has not run); 128 rows build at every rank, and "
+                f"with weights staged 208-256 rows up to rank {_MAX_STAGED_RANK}")
     if tm > 128 and rank > _MAX_STAGED_RANK and cfg.weights == "staged":
         return (f"tile_m {tm} at rank {rank} with weights staged: {tm // 2} accumulators beside a LoRA of more than "
                 f"{_MAX_STAGED_RANK} keep a stack frame (measured on the CPU, session 29: rank 96 at 208, 224 and 256 "

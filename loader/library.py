@@ -392,7 +392,7 @@ class Library:
             if not any(v.op == "act_fp8" and v.arch == arch for v in self.variants):
                 raise select.UnsupportedProblem(
                     f"the FP8-compute activation needs an act_fp8 kernel, and {self.path} has none for {arch} (the "
-                    f"FP8-compute mode is built for sm_90a only, by a config with a gemm_w4a4_fp8 section)")
+                    f"FP8-compute mode is built for sm_90a only, by a config with compute: [exact, fp8])")
             pre = self._resolve("act_fp8", ordinal, feats, dims, _capturing())
         return pre
 

@@ -23,6 +23,8 @@ def test_the_narrowed_config_keeps_the_listed_archs_sections_as_they_were(archs)
     part = parse_config(tool.narrow(FLUX.read_text(), archs, str(FLUX)), "narrowed")
     assert part.archs == tuple(a for a in full.archs if a in archs)          # the config's own order
     assert part.variants == {a: v for a, v in full.variants.items() if a in archs}
+    # the FP8-compute mode (configs/flux.yaml's compute) is sm_90a's: kept with it, dropped without it
+    assert part.compute == (("exact", "fp8") if "sm_90a" in archs else ("exact",))
     assert (part.name, part.shapes, part.ranks, part.out_dtypes) == (full.name, full.shapes, full.ranks,
                                                                        full.out_dtypes)
 

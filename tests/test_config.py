@@ -66,7 +66,16 @@ def test_base_loads(tmp_path):
         c.name = "x"  # frozen
 
 
-def test_repo_configs_load():
+def _with_fp8_families(monkeypatch):
+    """The fake registry plus the FP8-compute mode's two operators on sm_90a (the config reads only which (op, arch)
+    pairs have a family)."""
+    from svdq_aot import config as C
+    have = C._registered() + (("gemm_w4a4_fp8", "sm_90a"), ("act_fp8", "sm_90a"))
+    monkeypatch.setattr(C, "_registered", lambda: have)
+
+
+def test_repo_configs_load(monkeypatch):
+    _with_fp8_families(monkeypatch)
     flux = load_config(ROOT / "configs" / "flux.yaml")
     assert flux.name == "flux"
     assert flux.ranks == (0, 16, 32, 48, 64, 96, 128)        # 96 = FLUX's 32 + a user LoRA of 64
@@ -76,13 +85,62 @@ def test_repo_configs_load():
         ("mlp_fc2", 12288, 3072), ("single_fused", 3072, 21504), ("single_out", 15360, 3072)}
     assert flux.wcscale == flux.bias == (True,)     # run-time inputs: a call without them passes ones / zeros
     assert flux.archs == ("sm_90a", "sm_100a", "sm_103a", "sm_120a", "sm_121a")
-    assert [op for op, _ in flux.sections("sm_90a")] == ["gemm_w4a4", "quantize_act", "decode_act"]
+    # compute: [exact, fp8] adds the FP8-compute GEMM's default forms and its pre-pass where a family builds them
+    assert flux.compute == ("exact", "fp8")
+    assert [op for op, _ in flux.sections("sm_90a")] == ["gemm_w4a4", "quantize_act", "decode_act", "gemm_w4a4_fp8",
+                                                         "act_fp8"]
+    assert dict(flux.sections("sm_90a"))["gemm_w4a4_fp8"] == {} == dict(flux.sections("sm_90a"))["act_fp8"]
     assert [op for op, _ in flux.sections("sm_100a")] == ["gemm_w4a4", "quantize_act"]
     assert [op for op, _ in flux.sections("sm_103a")] == ["gemm_w4a4", "quantize_act"]
     for arch in ("sm_120a", "sm_121a"):
         assert [op for op, _ in flux.sections(arch)] == ["gemm_w4a4", "quantize_act"]
     tiny = load_config(ROOT / "configs" / "tiny.yaml")
-    assert len(tiny.out_dtypes) == 1 and tiny.ranks == (0, 32)
+    assert len(tiny.out_dtypes) == 1 and tiny.ranks == (0, 32) and tiny.compute == ("exact",)
+
+
+def test_compute_fp8_adds_the_mode_where_a_family_builds_it(tmp_path, monkeypatch):
+    """`compute: [exact, fp8]`: sm_90a (which lists gemm_w4a4 and has the FP8 family) gains `gemm_w4a4_fp8: {}` and
+    its pre-pass `act_fp8: {}`; sm_100a, without that family, is left as written; a section of its own is kept.
+    Without `compute` the sections decide, and the config says which modes they build."""
+    _with_fp8_families(monkeypatch)
+    two = lambda d: (d.update(archs=["sm_90a", "sm_100a"]),  # noqa: E731
+                     d["variants"].update(sm_100a={"gemm_w4a4": {}, "quantize_act": {}}))
+    c = load_config(write(tmp_path, mutate(lambda d: (two(d), d.update(compute=["fp8", "exact"])))))
+    assert c.compute == ("exact", "fp8")                       # the modes in their own order
+    assert c.sections("sm_90a") == (("gemm_w4a4", {"tiles": [[128, 128, 64]], "stages": ["auto"]}),
+                                    ("quantize_act", {}), ("gemm_w4a4_fp8", {}), ("act_fp8", {}))
+    assert [op for op, _ in c.sections("sm_100a")] == ["gemm_w4a4", "quantize_act"]
+    own = {"tiles": [[208, 128, 128]], "wsets": [4]}
+    c = load_config(write(tmp_path, mutate(lambda d: (d.update(compute=["exact", "fp8"]),
+                                                      d["variants"]["sm_90a"].update(gemm_w4a4_fp8=own)))))
+    assert dict(c.sections("sm_90a"))["gemm_w4a4_fp8"] == own and "act_fp8" in dict(c.sections("sm_90a"))
+    assert load_config(write(tmp_path, BASE)).compute == ("exact",)
+    c = load_config(write(tmp_path, mutate(lambda d: d["variants"]["sm_90a"].update(gemm_w4a4_fp8={}, act_fp8={}))))
+    assert c.compute == ("exact", "fp8") and [op for op, _ in c.sections("sm_90a")][-2:] == ["gemm_w4a4_fp8",
+                                                                                          "act_fp8"]
+
+
+@pytest.mark.parametrize("fn, path, value, rule", [
+    (lambda d: d.update(compute=["fp8"]), "compute", "['fp8']", "must list exact"),
+    (lambda d: d.update(compute=["exact", "int8"]), "compute[1]", "'int8'", "unknown compute mode; expected one of "
+                                                                            "exact, fp8"),
+    (lambda d: d.update(compute=["exact", "exact"]), "compute[1]", "'exact'", "duplicate"),
+    (lambda d: d.update(compute="fp8"), "compute", "'fp8'", "expected a list"),
+    (lambda d: d.update(compute=[]), "compute", "[]", "empty list"),
+    (lambda d: (d.update(compute=["exact"]), d["variants"]["sm_90a"].update(gemm_w4a4_fp8={})),
+     "variants.sm_90a.gemm_w4a4_fp8", None, "compute ['exact'] leaves out mode 'fp8'"),
+    (lambda d: (d.update(archs=["sm_100a"], compute=["exact", "fp8"]),
+                d.update(variants={"sm_100a": {"gemm_w4a4": {}, "quantize_act": {}}})),
+     "compute", "['exact', 'fp8']", "no arch of this config lists gemm_w4a4 and has a family for gemm_w4a4_fp8 "
+                                    "(archs with one: sm_90a)"),
+])
+def test_compute_rules(tmp_path, monkeypatch, fn, path, value, rule):
+    _with_fp8_families(monkeypatch)
+    msg = err(tmp_path, mutate(fn))
+    assert f": {path}:" in msg, msg
+    if value is not None:
+        assert value in msg, msg
+    assert rule in msg, msg
 
 
 @pytest.mark.parametrize("fn, path, value, rule", [

@@ -58,7 +58,28 @@ def test_flux_builds_the_measured_sm90_forms():
     assert {v.knob_dict["rank"] for v in gemm if v.knob_dict["schedule"] == "coop"} == {128}
     assert {(v.knob_dict["wcscale"], v.knob_dict["bias"]) for v in gemm} == {(True, True)}   # run-time inputs
     assert len(gemm) == 13 * 2 * 7 + 2 - 14     # forms x dtypes x ranks, the rank-128 coop form, less ...
-    gone = [(v.knob_dict["rank"], v.knob_dict["act_source"], r) for v, r in rejected if v.arch == "sm_90a"]
+    gone = [(v.knob_dict["rank"], v.knob_dict["act_source"], r) for v, r in rejected
+            if v.arch == "sm_90a" and v.op == "gemm_w4a4"]
     assert len(gone) == 14     # ... these: rank 128 on the five images forms, and the two-way split 256-row
     assert sum(g[:2] == (128, "images") and "rank 128" in g[2] for g in gone) == 10            # tile at 48 and 96
     assert sorted(g[0] for g in gone if "two-way split-K kernel keeps a stack frame" in g[2]) == [48, 48, 96, 96]
+
+
+def test_flux_builds_the_fp8_mode_with_its_default_forms():
+    """configs/flux.yaml's `compute: [exact, fp8]`: sm_90a alone gains the FP8-compute GEMM (its family's default
+    forms) and its pre-pass, and some FP8 variant serves every (dtype, rank) of the config: fp16, whose fp32 sums
+    leave the staged tiles no room, on the register tiles, and rank 128 on the 128-row tile."""
+    from svdq_kernels import sm90_wgmma_w4a4_fp8 as fam
+    cfg = load_config(ROOT / "configs" / "flux.yaml")
+    assert cfg.compute == ("exact", "fp8")
+    valid, _ = enumerate_variants(cfg)
+    fp8 = [v for v in valid if v.op == "gemm_w4a4_fp8"]
+    assert {v.arch for v in fp8} == {"sm_90a"} and len(fp8) == 37
+    assert [v.arch for v in valid if v.op == "act_fp8"] == ["sm_90a"]
+    forms = {(v.knob_dict["tile_m"], v.knob_dict["wsets"], v.knob_dict["weights"]) for v in fp8}
+    assert forms == {(t[0], w, f.get("weights", ["regs"])[0])
+                     for f in fam.DEFAULT_FORMS for t in f["tiles"] for w in f["wsets"]}
+    for dt in cfg.out_dtypes:
+        for r in cfg.ranks:
+            assert any(v.knob_dict["out_dtype"] == dt and v.knob_dict["rank"] == r for v in fp8), (dt, r)
+    assert {v.knob_dict["weights"] for v in fp8 if v.knob_dict["out_dtype"] == "fp16"} == {"regs"}

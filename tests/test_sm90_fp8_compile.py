@@ -38,7 +38,7 @@ def test_families_are_registered_with_their_ops():
 
 
 @pytest.mark.parametrize("kw, words", [
-    (dict(tile_m=224), ["tile_m 224", "stack frame", "208 up to rank 48"]),
+    (dict(tile_m=224), ["tile_m 224", "not verified on a GPU", "208 rows up to rank 48"]),
     (dict(tile_m=256, rank=0), ["tile_m 256", "stack frame", "with weights staged 208-256 rows up to rank 80"]),
     (dict(tile_m=256, rank=96, weights="staged"), ["rank 96 with weights staged", "stack frame"]),
     (dict(tile_m=208, rank=16, out_dtype="fp16", wsets=4), ["wsets 4 with fp16 output at tile_m 208", "spill"]),
@@ -423,3 +423,14 @@ def test_the_216_row_staged_tile_builds_its_fp8_mma_at_216_columns(tmp_path):
         body = [t for a, t in instructions(sass) if main["start"] <= a <= main["end"]]
         assert len([t for t in body if re.search(r"QGMMA\.64x216x32\.F32\.E4M3\.E4M3 R\d+, R\d+", t)]) == main["hmma"]
         assert re.search(rf"HGMMA\.64x216x16\.F32\.{dt}", sass)
+
+
+def test_an_empty_section_builds_the_default_forms():
+    """`gemm_w4a4_fp8: {}` (and a config's `compute: [exact, fp8]`) builds DEFAULT_FORMS: the measured tile heights,
+    each in the form it was fastest in, not the single 128-row form a bare section's key defaults would give."""
+    got, probs = fam.config_axes(ARCH, {})
+    want, _ = fam.config_axes(ARCH, {"forms": [dict(f) for f in fam.DEFAULT_FORMS]})
+    assert not probs and got == want
+    assert {(g["tile_m"], g["wsets"], g["weights"]) for g in got} == {
+        (128, 4, "regs"), (128, 2, "regs"), (208, 2, "regs"), (208, 4, "regs"), (224, 4, "staged"),
+        (256, 4, "staged")}

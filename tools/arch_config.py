@@ -3,7 +3,9 @@
     python3 tools/arch_config.py configs/flux.yaml sm_90a > build/flux90.yaml
 
 A config may not hold a ``variants`` section for an arch it does not list, so narrowing ``archs`` alone is refused;
-this keeps the listed archs' sections and drops the others' (everything else as written, comments aside).  The
+this keeps the listed archs' sections and drops the others' (everything else as written, comments aside), and drops
+from ``compute`` a mode that none of the kept archs builds (``fp8`` when sm_90a is not kept), which the config check
+would refuse.  The
 sm_90a experiments of docs/PERF.md build against ``build/flux90.yaml`` made this way: the sm_90a half of
 ``configs/flux.yaml`` in about 90 s instead of the whole config.  The result is checked as a config before it is
 written (exit 1 with the reason otherwise).
@@ -15,7 +17,8 @@ import sys
 
 import yaml
 
-from svdq_aot.config import ConfigError, parse_config
+from svdq_aot.config import ConfigError, _registered, parse_config
+from svdq_loader.ops.layouts import GEMM_OP_BY_COMPUTE
 
 
 def narrow(text: str, archs: list[str], source: str = "<config>") -> str:
@@ -28,6 +31,10 @@ def narrow(text: str, archs: list[str], source: str = "<config>") -> str:
     data["archs"] = [a for a in listed if a in archs]
     if isinstance(data.get("variants"), dict):
         data["variants"] = {a: v for a, v in data["variants"].items() if a in archs}
+    if isinstance(data.get("compute"), list):
+        families = set(_registered())
+        data["compute"] = [m for m in data["compute"] if m == "exact" or any(
+            (GEMM_OP_BY_COMPUTE.get(m), a) in families for a in data["archs"])]
     out = yaml.safe_dump(data, sort_keys=False)
     parse_config(out, f"{source} narrowed to {', '.join(archs)}")       # the same checks as a build's
     return out

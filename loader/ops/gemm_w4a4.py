@@ -84,7 +84,7 @@ SPEC = OpSpec(
 
 from .checks import check_devices, check_i32_sizes, check_tensor, check_vector, fail, half_dtypes, torch_module  # noqa: E402
 from .layouts import BLOCK_K, WEIGHT_FORMAT_MODULES, scale_shape  # noqa: E402
-from .layouts import COMPUTE_MODES, WEIGHT_FORMATS_BY_COMPUTE  # noqa: E402
+from .layouts import COMPUTE_MODES, GEMM_OP_BY_COMPUTE, WEIGHT_FORMATS_BY_COMPUTE  # noqa: E402
 
 
 def _as_f32(t):
@@ -129,6 +129,8 @@ class PreparedWeight:
     compute: str = "exact"           # "fp8": the FP8-compute mode (op gemm_w4a4_fp8); wcscale then holds wcscale / rw
 
     def __post_init__(self):
+        if self.compute not in GEMM_OP_BY_COMPUTE:
+            fail(f"compute={self.compute!r}: expected one of {', '.join(map(repr, GEMM_OP_BY_COMPUTE))}")
         # what every call reuses: the weight-side pointers in host-argument order, the device.  An absent
         # wcscale / bias points at its identity vector (ones / zeros), so a variant built with the input
         # serves the call (selection prefers one built without it, if any); one built without ignores it.
@@ -141,7 +143,7 @@ class PreparedWeight:
         object.__setattr__(self, "device_index", self.wgt.get_device())
         object.__setattr__(self, "lora_dtype", self.lora_up.dtype if self.lora_up is not None else None)
         # the operator a call with this weight runs: gemm_w4a4, or gemm_w4a4_fp8 (compute="fp8")
-        object.__setattr__(self, "op", "gemm_w4a4_fp8" if self.compute == "fp8" else "gemm_w4a4")
+        object.__setattr__(self, "op", GEMM_OP_BY_COMPUTE[self.compute])
 
     @property
     def device(self):

@@ -44,6 +44,9 @@ WEIGHT_FORMAT_MODULES = {"sm90_frag": "sm90_weight_format", "blackwell_weight": 
 #: its table lists only.  One home for both `prepare_weight` and a call's fast path.
 WEIGHT_FORMATS_BY_COMPUTE = {"exact": WEIGHT_FORMAT_BY_ARCH, "fp8": FP8_WEIGHT_FORMAT_BY_ARCH}
 COMPUTE_MODES = tuple(WEIGHT_FORMATS_BY_COMPUTE)
+#: The operator a GEMM call of each compute mode runs (the mode is the operator: docs/design.md section 2).  A build
+#: config's ``compute`` key names the modes it builds (svdq_aot.config).
+GEMM_OP_BY_COMPUTE = {"exact": "gemm_w4a4", "fp8": "gemm_w4a4_fp8"}
 #: The compute mode a weight format belongs to ("logical": exact)
 COMPUTE_OF_FORMAT = {fmt: mode for mode, table in WEIGHT_FORMATS_BY_COMPUTE.items() for fmt in table.values()}
 
