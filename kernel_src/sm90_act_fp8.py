@@ -2,9 +2,9 @@
 
 CuTe-DSL, build time only.  The workspace format is stated once, in ``svdq_loader.ops.act_fp8``.
 
-A CTA of 128 threads owns 16 image rows over the whole K (with ``K_SPLIT``, an experiment: its share of their K;
-where the row tiles are few, small M, grid.y CTAs split each row tile's k-tile pairs evenly,
-``svdq_loader.ops.act_fp8.ksplit_by``).  First each warp takes four rows: its lanes read the row's E4M3 scale bytes a
+A CTA of 128 threads owns 16 image rows over its share of their K (``K_SPLIT``, the default: where the row tiles are
+few, small M, grid.y CTAs split each row tile's k-tile pairs evenly, ``svdq_loader.ops.act_fp8.ksplit_by``; without
+it, a comparison build, the whole K).  First each warp takes four rows: its lanes read the row's E4M3 scale bytes a
 32-bit word at a time, keep the largest byte (E4M3 encodings of non-negative values order like their values),
 reduce it over the warp (``redux.sync``), and turn it into ra and 1 / ra (``sm90_fp8_ptx.ra_of_max``: the largest
 power of two with 6 · scale · ra <= 448; every CTA of a row tile reads the whole row's scales).  Lane 0 writes
@@ -14,7 +14,7 @@ chunk c = (t % 8) ^ (row % 8) and one scale byte, the two byte forms of each cod
 pair of k one byte permute, one mask, two fp16x2 multiplies (by 2^14, which makes the E2M1 value, and by scale · ra)
 and one rounding conversion to E4M3 (``sm90_fp8_ptx.act_e4m3``); so every store instruction of a warp writes four
 whole 128-byte image rows.  Rows M .. image_rows(M) - 1 are written as +0 with 1 / ra = 1.
-grid = (image_rows(M) / 16, 1, 1); with ``K_SPLIT``, (image_rows(M) / 16, ksplit_by(image_rows(M) / 16, K), 1).
+grid = (image_rows(M) / 16, ksplit_by(image_rows(M) / 16, K), 1); without ``K_SPLIT``, (image_rows(M) / 16, 1, 1).
 
 Launch ABI: host args = the op's (act, ascales, images, m, k, stream); kernel params: the 3 pointers, m, k.
 PDL (docs/design.md section 6): ``griddepcontrol.wait`` before any global access, then ``launch_dependents``.
@@ -62,12 +62,13 @@ ROWS_PER_CTA = 16
 K_UNROLL = int(os.environ.get("SVDQ_KERNEL_SM90_ACT_FP8_UNROLL", "8"))
 if K_UNROLL not in (2, 4, 8):
     raise ValueError(f"SVDQ_KERNEL_SM90_ACT_FP8_UNROLL={K_UNROLL}: the act_fp8 loop step must be 2, 4 or 8 k-tiles")
-#: Split each row tile's K over grid.y CTAs where the row tiles are few (``SVDQ_KERNEL_SM90_ACT_FP8_KSPLIT=1``;
-#: `svdq_loader.ops.act_fp8.ksplit_by`).  An experiment, built and checked on the CPU in session 30 (launch bytes
-#: against the DSL's host code, the ranges replayed), not yet run on a GPU, so off by default.  Why: on the H200 the
-#: pre-pass took 22 µs of the M = 1024, (12288, 3072) FP8 call (93.3 against 71.3 µs for the GEMM alone), where its 72
-#: row tiles leave most of the GPU idle.
-K_SPLIT = os.environ.get("SVDQ_KERNEL_SM90_ACT_FP8_KSPLIT", "0")
+#: Split each row tile's K over grid.y CTAs where the row tiles are few (`svdq_loader.ops.act_fp8.ksplit_by`; the
+#: default since session 31).  Why: the unsplit pass took 22 µs of the M = 1024, (12288, 3072) FP8 call on the H200
+#: (session 30), where its 72 row tiles leave most of the GPU idle.  Split, on an H100 (session 31, docs/PERF.md): bit
+#: for bit the same workspace (selftest), and the FP8 call from NVFP4 3-20 % faster at M = 256 and 1024 (93.3 -> 80.8
+#: µs at M = 1024, (12288, 3072)); at M = 4608 it is one CTA per row tile either way.
+#: ``SVDQ_KERNEL_SM90_ACT_FP8_KSPLIT=0`` builds the unsplit form for comparison.
+K_SPLIT = os.environ.get("SVDQ_KERNEL_SM90_ACT_FP8_KSPLIT", "1")
 if K_SPLIT not in ("0", "1"):
     raise ValueError(f"SVDQ_KERNEL_SM90_ACT_FP8_KSPLIT={K_SPLIT}: 0 (one CTA per row tile) or 1 (split K)")
 K_SPLIT = K_SPLIT == "1"

@@ -31,8 +31,8 @@ NAME = "sm90_wgmma_w4a4"
 TUNING: dict[str, tuple] = dict(
     # activation rows per tile (the wgmma N extent); 64 only with a warp-specialised schedule or gemv (for M <= 64:
     # half the MMA work of the 128-row tile where most rows are padding)
-    # 16: the gemv form only; 208, 216, 224: act_source images only (216: an experiment, session 31; it serves an M
-    # where its row tiles lie inside the stage image, svdq_loader.ops.decode_act.tile_rows_problem)
+    # 16: the gemv form only; 208, 216, 224: act_source images only (216 serves an M where its row tiles lie inside
+    # the stage image, svdq_loader.ops.decode_act.tile_rows_problem)
     tile_m=(16, 64, 128, 208, 216, 224, 256),
     # weight rows per tile: two MMA warpgroups of tile_n/128 64-row wgmma atoms each.  256 only with
     # schedule ws (coop spilled: 8-byte stack frame at 255 registers, rank 64 and 128); 192: three MMA warpgroups of
@@ -112,10 +112,12 @@ FEATURE_VALUES: dict[str, tuple] = dict(
 #: producer's decode at M = 1024 ... 9728, session 6; up to M = 256 the one-launch nvfp4 form first); then the
 #: warp-specialised form with two raw register sets (12-21 % faster than coop with one set at the 128-row
 #: tile; at the 256-row tile the two schedules tie within +-4 %); then the faster decode forms (act_decode
-#: prmt, skip_pad on).  The 216-row tile (an experiment, session 31, not timed yet) is costed per row as 208 and 224
-#: are: at M = 4608 its 22 row tiles make whole waves on 132 SMs at N = 3072, 9216 and 12288.
+#: prmt, skip_pad on).  The 216-row tile costs 1.6 % more per row than the 224-row one (H100, session 31: 134.8
+#: against 137.6 µs for four waves of each at M = 4608, K = N = 3072), so 0.875: the rule takes it at M = 4608 and
+#: N = 3072 (22 row tiles by 24, four whole waves on 132 SMs; 1.9-2.2 % faster than 224 at all three K) and
+#: N = 12288 (within 0.6 % of the 256-row tile there), the 256-row one at N = 9216 and 21504.
 _FILL = {"fill": {"tile": ["tile_m", "tile_n", "tile_k"], "ctas_per_sm": 1,
-                  "factor": [{"knob": "tile_m", "values": [[64, 1.66], [208, 0.86], [216, 0.86], [224, 0.86],
+                  "factor": [{"knob": "tile_m", "values": [[64, 1.66], [208, 0.86], [216, 0.875], [224, 0.86],
                                                                  [256, 0.86]]},
                              {"knob": "act_source", "values": [["images", 0.76]]},
                              # the images form saves less on a low tile, where the producer's decode is a smaller

@@ -18,7 +18,7 @@ raw weight sets, and where the MMA warps' raw weights come from (``weights``, `s
 from global memory into registers (``regs``), or bulk-copied by the producer into the stages (``staged``).  The
 register form above 128 rows is offered where it has run (208 rows up to rank 48, `_MAX_TILE_M`: session 27 measured
 stack frames beyond, from the FP8 decode's eight weight words and four scale words per raw set); staged, 208-256 rows
-build up to rank 80 (216: an experiment, staged only).  `invalid_reason` says so.
+build up to rank 80 (216 rows staged only).  `invalid_reason` says so.
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ NAME = "sm90_wgmma_w4a4_fp8"
 #: the one value the FP8-compute kernel has (`FIXED`).
 TUNING: dict[str, tuple] = dict(
     # 216, 224 and 256: weights staged only (invalid_reason); 216 serves an M where its row tiles lie inside the
-    # stage image (an experiment, session 31: svdq_loader.ops.decode_act.IMAGE_INNER_ROWS)
+    # stage image (svdq_loader.ops.decode_act.IMAGE_INNER_ROWS)
     tile_m=(128, 208, 216, 224, 256),
     tile_n=(128,),
     tile_k=(FP8_TILE_K,),          # 128 k per stage: one 128-byte row of E4M3
@@ -80,12 +80,13 @@ _MAX_STAGED_RANK = 80
 #: 1.36-1.42 (1.29 at M = 1024, where the pre-pass weighs more), 208 rows 1.04-1.09, 224 rows 1.03-1.06.  With them
 #: the rule picks the fastest measured tile height at all nine points of both runs (e.g. M = 4608, N = 3072: 224
 #: rows, four waves of 504 tiles on 132 SMs; M = 1024: 208 rows at N = 3072, one wave of 120 tiles, and 256 rows at
-#: N = 12288).  The 216-row tile's factor lies between its neighbours' (not measured yet: an experiment, session 31);
-#: with it the rule takes 216 rows at M = 4608 on N = 3072, 9216 and 12288 (528, 1584 and 2112 tiles: whole waves).
+#: N = 12288).  The 216-row tile costs 1.8 % more per row than the 224-row one (H100, session 31: 100.2 against 102.1
+#: µs for four waves of each at M = 4608, K = N = 3072), so 1.07: the rule takes it at M = 4608 and N = 3072 (528
+#: tiles, four whole waves), where it was the fastest height at all three K, and 256 rows at N >= 9216, as measured.
 SELECTION = [
     {"m_max": None, "priority": 0, "prefer": [
         {"fill": {"tile": ["tile_m", "tile_n", "tile_k"], "ctas_per_sm": 1,
-                  "factor": {"knob": "tile_m", "values": [[128, 1.4], [208, 1.06], [216, 1.055], [224, 1.05]]}}},
+                  "factor": {"knob": "tile_m", "values": [[128, 1.4], [208, 1.06], [216, 1.07], [224, 1.05]]}}},
         {"knob": "stages", "order": "desc"}, {"knob": "wsets", "order": "desc"},
         {"knob": "weights", "values": list(sm90_plan.FP8_WEIGHT_PATHS)}]},
 ]
@@ -113,8 +114,9 @@ DEFAULT_FORMS = (
     # four sets 1-4 % faster at 208 rows (H200 and H100, session 29); two for K a multiple of 256 only
     {"tiles": [[208, 128, 128]], "wsets": [2, 4]},
     # the producer bulk-copies the raw weights into the stages, so the taller tiles fit the MMA warps' registers: 5-12 %
-    # faster than the 208-row tile at M = 4608 (H200, session 29); bf16 only (fp16's fp32 sums do not fit their SMEM)
-    {"tiles": [[224, 128, 128], [256, 128, 128]], "wsets": [4], "weights": ["staged"]},
+    # faster than the 208-row tile at M = 4608 (H200, session 29); bf16 only (fp16's fp32 sums do not fit their SMEM).
+    # 216 rows: whole waves at M = 4608, 1.3-2.0 % faster than 224 at all six FLUX shapes there (H100, session 31)
+    {"tiles": [[216, 128, 128], [224, 128, 128], [256, 128, 128]], "wsets": [4], "weights": ["staged"]},
 )
 
 
@@ -197,9 +199,9 @@ def invalid_reason(arch: str, knobs: dict) -> Optional[str]:
                 f"LoRA of two chunks keep an 8-byte stack frame (measured on the CPU, session 28: rank 128); two sets "
                 f"build")
     if tm in IMAGE_INNER_ROWS and cfg.weights != "staged":
-        return (f"tile_m {tm} with weights {cfg.weights}: the {tm}-row tile is built with weights staged only (an "
-                f"experiment for M = 4608, session 31; staged, the 224- and 256-row tiles ran 5-12 % faster than the "
-                f"208-row register form there, session 29)")
+        return (f"tile_m {tm} with weights {cfg.weights}: the {tm}-row tile is built with weights staged only (the "
+                f"form it ran in, session 31; staged, the 224- and 256-row tiles ran 5-12 % faster than the 208-row "
+                f"register form at M = 4608, session 29)")
     if tm > 128 and tm > _MAX_TILE_M.get(rank, 128) and cfg.weights == "regs":
         return (f"tile_m {tm} at rank {rank} with weights regs: not verified on a GPU (the register form above 128 "
                 f"rows has run at 208 rows up to rank 48; session 27 measured a stack frame beyond, and where today's "

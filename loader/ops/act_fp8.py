@@ -52,11 +52,12 @@ def image_size_problem(m: int, k: int) -> str | None:
                                   "split the call along M")
 
 
-#: act_fp8's launch: its CTAs own 16 image rows each (``image_rows(M) / 16`` row tiles, grid.x).  In a build with
-#: ``SVDQ_KERNEL_SM90_ACT_FP8_KSPLIT=1`` (an experiment: built and checked on the CPU, not yet run on a GPU), where the
-#: row tiles are fewer than this many, each row tile's K is split over grid.y CTAs (`ksplit_by`), so a small M still
-#: fills the GPU: the pass is latency-bound (about 8 loads in flight per thread), and at M = 1024 its 72 row tiles
-#: took 22 µs for K = 12288 on the H200 (session 30; four CTAs per SM of a 132-SM GPU is the target).
+#: act_fp8's launch: its CTAs own 16 image rows each (``image_rows(M) / 16`` row tiles, grid.x), and where the row
+#: tiles are fewer than this many, each row tile's K is split over grid.y CTAs (`ksplit_by`; the default build since
+#: session 31, ``SVDQ_KERNEL_SM90_ACT_FP8_KSPLIT=0`` builds the unsplit form), so a small M still fills the GPU: the
+#: pass is latency-bound (about 8 loads in flight per thread), and unsplit, M = 1024's 72 row tiles took 22 µs for
+#: K = 12288 on the H200 (session 30; split, 5 µs on an H100, session 31).  Four CTAs per SM of a 132-SM GPU is the
+#: target.
 KSPLIT_TARGET_CTAS = 528
 
 
