@@ -24,12 +24,13 @@ from __future__ import annotations
 
 from typing import Optional
 
+from svdq_loader.ops.decode_act import IMAGE_INNER_ROWS
+
 from . import sm90_wgmma_w4a4 as exact
 from .compiled_output import cubin_resource_usage, refuse_invalid
 from . import sm90_plan
 from .sm90_plan import FP8_TILE_K, SMEM_LIMIT_BYTES, _cfg_of, _problem, _smem_plan, k_unroll, threads_of
 from .sm90_wgmma_kernel import _Sm90Wgmma
-from svdq_loader.ops.decode_act import IMAGE_INNER_ROWS
 
 __all__ = ["OP", "ARCHS", "NAME", "TUNING", "FEATURE_VALUES", "DEFAULT_FORMS", "config_axes", "resolve",
            "invalid_reason", "requirements", "compile", "threads_for", "smem_bytes_for", "cubin_resource_usage",
@@ -63,7 +64,6 @@ FEATURE_VALUES: dict[str, tuple] = dict(
     bias=(False, True),
     scale_layout=("logical",),
 )
-#: the largest tile_m per rank that compiles without a stack frame with weights regs (CPU, session 27)
 #: The register form's tile heights above 128 rows that have run on a GPU, per rank: 208 rows at ranks 0-48 (H100 and
 #: H200, sessions 27-29).  Session 27 found stack frames beyond them; today's kernel (CPU, session 31, bf16) compiles
 #: 208 and 216 rows without one at ranks 0-96, 224 at ranks 0-80 with two raw sets, and 256 rows spills at ranks 48,
