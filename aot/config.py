@@ -287,8 +287,6 @@ class _Validator:
         """Each arch's operators under the config's ``compute`` (module doc): a mode's GEMM (and its pre-pass) added
         where the arch lists the exact GEMM and has a family for it; a section of a mode left out refused."""
         from svdq_loader.ops import op_spec
-        registered = set(_registered())
-        exact = GEMM_OP_BY_COMPUTE["exact"]
         out, built = [], set()
         for av in arch_vars:
             ops = list(av.ops)
@@ -298,18 +296,17 @@ class _Validator:
                     self.bad(f"variants.{av.arch}.{op}", _MISSING,
                              f"the config's compute {compute} leaves out mode {mode!r}, whose GEMM this is; add "
                              f"{mode} to compute or remove this section")
-                if mode in compute and op != exact and exact in names and (op, av.arch) in registered:
+                if mode in compute and mode != "exact" and builds_mode(mode, av.arch, names):
+                    built.add(mode)
                     for extra in (op, op_spec(op).prepass({})):
                         if extra is not None and extra not in names:
                             ops.append((extra, _freeze({})))
                             names.append(extra)
-                if op in names:
-                    built.add(mode)
             out.append(ArchVariants(arch=av.arch, ops=tuple(ops)))
         for mode in compute:
             op = GEMM_OP_BY_COMPUTE[mode]
-            if op != exact and mode not in built:
-                where = sorted(a for o, a in registered if o == op)
+            if mode != "exact" and mode not in built:
+                where = sorted(a for o, a in _registered() if o == op)
                 self.bad("compute", compute, f"mode {mode!r}: no arch of this config lists gemm_w4a4 and has a "
                                              f"family for {op} (archs with one: {', '.join(where) or 'none'})")
         return out
@@ -446,6 +443,14 @@ class _FrozenDict(dict):
 
 def _freeze(section: dict) -> _FrozenDict:
     return _FrozenDict(section)
+
+
+def builds_mode(mode: str, arch: str, ops) -> bool:
+    """Whether an arch whose section lists the operators `ops` builds compute `mode`'s GEMM under a config's
+    ``compute`` (module doc): it lists that GEMM itself, or the mode is not exact, the arch lists the exact GEMM and a
+    family builds the mode's operator there.  False for a name that is no mode (the config check says so)."""
+    op, exact = GEMM_OP_BY_COMPUTE.get(mode), GEMM_OP_BY_COMPUTE["exact"]
+    return op is not None and (op in ops or (op != exact and exact in ops and (op, arch) in _registered()))
 
 
 def _registered() -> tuple[tuple[str, str], ...]:

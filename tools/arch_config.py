@@ -17,8 +17,7 @@ import sys
 
 import yaml
 
-from svdq_aot.config import ConfigError, _registered, parse_config
-from svdq_loader.ops.layouts import GEMM_OP_BY_COMPUTE
+from svdq_aot.config import ConfigError, builds_mode, parse_config
 
 
 def narrow(text: str, archs: list[str], source: str = "<config>") -> str:
@@ -31,10 +30,9 @@ def narrow(text: str, archs: list[str], source: str = "<config>") -> str:
     data["archs"] = [a for a in listed if a in archs]
     if isinstance(data.get("variants"), dict):
         data["variants"] = {a: v for a, v in data["variants"].items() if a in archs}
-    if isinstance(data.get("compute"), list):
-        families = set(_registered())
+    if isinstance(data.get("compute"), list) and isinstance(data.get("variants"), dict):
         data["compute"] = [m for m in data["compute"] if m == "exact" or any(
-            (GEMM_OP_BY_COMPUTE.get(m), a) in families for a in data["archs"])]
+            builds_mode(m, a, v if isinstance(v, dict) else {}) for a, v in data["variants"].items())]
     out = yaml.safe_dump(data, sort_keys=False)
     parse_config(out, f"{source} narrowed to {', '.join(archs)}")       # the same checks as a build's
     return out
