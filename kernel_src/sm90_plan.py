@@ -76,8 +76,10 @@ def k_tile(cfg: _Cfg) -> int:
 
 
 #: The FP8-compute mode's forms: the warp-specialised images schedule (its activations arrive as E4M3 stage images,
-#: so the producer only copies) with two MMA warpgroups.  Split K, stream-K and the 192-row tile are not built for it.
-FP8_SCHEDULES = ("ws",)
+#: so the producer only copies) with two MMA warpgroups, whole tiles (``ws``) or equal ranges of (tile, k-tile
+#: group) units whose split tiles meet in the workspace past the E4M3 image (``ws_streamk``, bf16 output and weights
+#: regs or staged: session 32).  Split K and the 192-row tile are not built for it.
+FP8_SCHEDULES = ("ws", "ws_streamk")
 
 
 #: The FP8-compute MMA warps' weight fragment buffers (an experiment, built and checked on the CPU, not yet run;
@@ -328,6 +330,10 @@ def _fp8_problem(cfg: _Cfg) -> Optional[str]:
                 f"stage images of act_fp8), tile_n 128")
     if cfg.weights not in FP8_WEIGHT_PATHS:
         return f"weights {cfg.weights!r}: the FP8-compute weight path is one of {', '.join(FP8_WEIGHT_PATHS)}"
+    if is_streamk(cfg) and (fp8_promotes(cfg) or cfg.weights == "smem"):
+        return (f"schedule ws_streamk with out_dtype {cfg.out_dtype} and weights {cfg.weights}: the FP8-compute "
+                f"stream-K form meets with the fp32 accumulators in registers, so it is built for bf16 output "
+                f"(fp16's sums are promoted into SMEM) and weights regs or staged")
     return None
 
 

@@ -68,9 +68,9 @@ Two schedules (knob ``schedule``) run that same arithmetic:
   kernel with grid = min(units, sm_count), where a unit is one tile's group of ``k_unroll`` k-tiles.  CTA b walks
   the units [b·U/G, (b+1)·U/G) tile by tile (``svdq_loader.ops.gemm_streamk``: ``segment``), producer and MMA
   warps alike, so every SM works where N / tile_n tiles would leave some idle.  A whole tile ends as in ``ws``.  A
-  split one meets: every MMA thread stores its fp32 partial sums to this CTA's slot in the workspace past the
-  stage images, a named barrier, one thread's GPU-scope fence and compare-and-swap arrival on the tile's counter
-  (``quantize_ptx._arrive``), a second barrier; the last arrival adds every part's slot in CTA order (the same sum
+  split one meets: every MMA thread stores its fp32 partial sums to this CTA's slot in the meetings' workspace
+  (passed as ``ascales``, which an images form does not read), a named barrier, one thread's GPU-scope fence and
+  compare-and-swap arrival on the tile's counter (``quantize_ptx._arrive``), a second barrier; the last arrival adds every part's slot in CTA order (the same sum
   whoever is last), resets the counter and runs the epilogue.  No CTA waits for another.
   For small M, where N / 128 tiles leave most SMs idle.
 * The 64-row activation tile (``tile_m`` 64, ws schedules only): wgmma N = 64, half the MMA and producer work
@@ -831,9 +831,11 @@ class _Sm90Wgmma:
                     upt, units = sk[0], sk[1]
                     fin = Int32(1)
                     if (kabs_t != 0) | (nk_t != num_kt):
-                        fin = self._streamk_meet(p_act, base, m, k, tile, t0, upt, units, bid, gdim, ctid, acc)
+                        fin = self._streamk_meet(p_asc, base, tile, t0, upt, units, bid, gdim, ctid, acc)
                     if fin != 0:
                         aff = self._load_affine(p_wc, p_bias, n, n0, ctid, cwg, with_bias=False)
+                        if cutlass.const_expr(self.fp8):
+                            self._fp8_col_scale(p_act, m0, ctid, acc)
                         self._epilogue(p_la, p_lu, p_bias, base, m, n, m0, n0, ctid, cwg, aff, acc)
                         self._store_out(p_out, m, n, m0, n0, ctid, cwg, acc)
                 elif cutlass.const_expr(KS > 1):
@@ -916,14 +918,15 @@ class _Sm90Wgmma:
         return kabs, cute.assume(nk, divby=self.unroll), g0
 
     @cute.jit
-    def _streamk_meet(self, p_act, base, m, k, tile, t0, upt, units, bid, gdim, tidx, acc):
+    def _streamk_meet(self, p_ws, base, tile, t0, upt, units, bid, gdim, tidx, acc):
         """A split tile's meeting (`svdq_loader.ops.gemm_streamk`): write the partial sums to this CTA's slot,
         count one arrival on the tile's counter (one thread: GPU-scope fence, then the compare-and-swap of
         `quantize_ptx._arrive`, acq_rel), and if it is the last, add every part's slot in CTA order into `acc`
-        and reset the counter.  Returns 1 where this CTA ends the tile.  tidx: the thread among the MMA threads."""
+        and reset the counter.  Returns 1 where this CTA ends the tile.  tidx: the thread among the MMA threads.
+        p_ws: the meetings' workspace, which the launcher passes as ``ascales`` (an images form reads no scales)."""
         G = Int64(gdim)
         U = Int64(units)
-        ws = p_act.toint() + Int64(k) * Int64(image_rows_dsl(m)) * 2          # past the stage images
+        ws = p_ws.toint()
         parts = ws + workspace_counter_bytes(G)
         slot = self.tm * self.tn * 4
         P = Int64(upt)

@@ -51,11 +51,13 @@ TUNING: dict[str, tuple] = dict(
     stages=(3, 4, 6),
     wsets=(2, 4),                  # raw weight sets in flight (k-tiles loaded ahead of their decode)
     weights=sm90_plan.FP8_WEIGHT_PATHS,   # where the MMA warps' raw weights come from (regs | staged | smem)
-    prefetch=(1,), skip_pad=(True,), act_decode=("prmt",), schedule=("ws",), act_source=("images",),
+    # whole tiles, or stream-K (equal ranges of (tile, 4-k-tile group) units; bf16 only: sm90_plan.FP8_SCHEDULES)
+    schedule=sm90_plan.FP8_SCHEDULES,
+    prefetch=(1,), skip_pad=(True,), act_decode=("prmt",), act_source=("images",),
 )
-FIXED = dict(prefetch=1, skip_pad=True, act_decode="prmt", schedule="ws", act_source="images")
+FIXED = dict(prefetch=1, skip_pad=True, act_decode="prmt", act_source="images")
 #: the knobs a form may set, beside tiles: their defaults
-FORM_DEFAULTS = dict(wsets=2, weights="regs")
+FORM_DEFAULTS = dict(wsets=2, weights="regs", schedule="ws")
 FEATURE_VALUES: dict[str, tuple] = dict(
     out_dtype=("fp16", "bf16"),
     rank=(0, 16, 32, 48, 64, 80, 96, 112, 128),
@@ -145,7 +147,7 @@ def config_axes(arch: str, section: dict) -> tuple[list[dict], list[str]]:
         for key in sorted(set(form) - {"tiles", "stages", "ranks", *FORM_DEFAULTS}):
             problems.append(f"{where}{key}: unknown key (an FP8-compute form sets tiles, stages, "
                             f"{', '.join(FORM_DEFAULTS)} and ranks; "
-                            f"its schedule is fixed: {', '.join(f'{k} {v}' for k, v in FIXED.items())})")
+                            f"fixed: {', '.join(f'{k} {v}' for k, v in FIXED.items())})")
     if problems:
         return [], problems
 

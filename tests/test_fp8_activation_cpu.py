@@ -76,12 +76,12 @@ def test_the_gemm_takes_an_e4m3_activation_with_no_scales(monkeypatch):
         gemm_op.plan_call("sm_90a", a8, w8, None, lora_act_in=torch.empty(4, 16, dtype=BF))
 
 
-def test_the_images_launcher_gives_its_gemm_alone_only_without_extra_workspace():
+def test_the_images_launcher_gives_its_gemm_alone_with_its_extra_workspace():
     gemm = type("L", (), {"name": "g", "device": None})()
     names = gemm_op.SPEC.arg_names
     assert decode_act.ImagesLauncher(None, gemm, names).workspace_gemm("gemm_w4a4_fp8") is gemm
-    with pytest.raises(UnsupportedProblem, match=r"needs a workspace beyond its pre-pass output"):
-        decode_act.ImagesLauncher(None, gemm, names, extra=lambda *a: 0).workspace_gemm("gemm_w4a4")
+    alone = decode_act.ImagesLauncher(None, gemm, names, extra=lambda *a: 0).workspace_gemm("gemm_w4a4_fp8")
+    assert isinstance(alone, decode_act.MeetingsLauncher) and alone.gemm is gemm and alone.name == "g"
 
 
 #: the smallest build that serves the mode: one FP8 GEMM form, act_fp8 and quantize_act (JSON is YAML)

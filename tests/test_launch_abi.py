@@ -388,13 +388,14 @@ def test_project_sm90_gemm_kernel_matches_dsl(tmp_path, schedule, tile_m, wsets)
         assert big.grid == (6, 1, 1) and one.grid == (1, 1, 1) and big.params == one.params
 
 
-@pytest.mark.parametrize("op, k_split, gemm", [("gemm_w4a4_fp8", False, ("fp16", 16, 208, "regs")),
-                                                ("gemm_w4a4_fp8", False, ("bf16", 32, 216, "staged")),
+@pytest.mark.parametrize("op, k_split, gemm", [("gemm_w4a4_fp8", False, ("fp16", 16, 208, "regs", "ws")),
+                                                ("gemm_w4a4_fp8", False, ("bf16", 32, 216, "staged", "ws")),
+                                                ("gemm_w4a4_fp8", False, ("bf16", 32, 256, "staged", "ws_streamk")),
                                                 ("act_fp8", False, None), ("act_fp8", True, None)])
 def test_project_fp8_mode_kernels_match_dsl(tmp_path, monkeypatch, op, k_split, gemm):
-    """The FP8-compute mode's GEMM (the 208-row register form, and the 216-row staged one of
-    configs/sm90_rows216.yaml) and its pre-pass (also with ``SVDQ_KERNEL_SM90_ACT_FP8_KSPLIT=1``'s grid.y): the
-    serialised host program launches exactly what the DSL's own host code launches (grid, block, SMEM, cluster,
+    """The FP8-compute mode's GEMM (the 208-row register form, the 216-row staged one of configs/flux.yaml, and the
+    256-row staged one under stream-K of configs/sm90_fp8_streamk.yaml) and its pre-pass (also with
+    ``SVDQ_KERNEL_SM90_ACT_FP8_KSPLIT=1``'s grid.y): the serialised host program launches exactly what the DSL's own host code launches (grid, block, SMEM, cluster,
     parameter bytes) for random shapes and pointers."""
     from svdq_aot.host_ir import serialize_host
     from svdq_kernels import registry
@@ -410,9 +411,10 @@ def test_project_fp8_mode_kernels_match_dsl(tmp_path, monkeypatch, op, k_split, 
     if op == "act_fp8":
         knobs = dict(scale_layout="logical")
     else:
-        dt, rank, tile_m, weights = gemm
+        dt, rank, tile_m, weights, schedule = gemm
         knobs = dict(out_dtype=dt, rank=rank, wcscale=True, bias=True, scale_layout="logical", tile_m=tile_m,
-                     tile_n=128, tile_k=128, stages=4, **fam.FIXED, **dict(fam.FORM_DEFAULTS, weights=weights))
+                     tile_n=128, tile_k=128, stages=4, **fam.FIXED,
+                     **dict(fam.FORM_DEFAULTS, weights=weights, schedule=schedule))
     assert fam.invalid_reason("sm_90a", knobs) is None
     name = spec.name_for("sm_90a", knobs, fam.requirements("sm_90a", knobs))
     ck = fam.compile("sm_90a", knobs, name, str(tmp_path))
@@ -441,5 +443,8 @@ def test_project_fp8_mode_kernels_match_dsl(tmp_path, monkeypatch, op, k_split, 
             splits = ksplit(m, k) if k_split else 1
             assert vm.grid == (image_rows(m) // 16, splits, 1) and vm.block == (128, 1, 1)
         else:
-            assert vm.grid == (min(-(-m // tile_m) * (n // 128), args[-2]), 1, 1) and vm.block == (384, 1, 1)
+            tiles = -(-m // tile_m) * (n // 128)
+            step = fam.requirements("sm_90a", knobs)["k_multiple"]          # k per unit: whole loop steps
+            units = tiles * (k // step) if schedule == "ws_streamk" else tiles
+            assert vm.grid == (min(units, args[-2]), 1, 1) and vm.block == (384, 1, 1)
         assert vm.params[:nptr] == [p.to_bytes(8, "little") for p in ptrs]

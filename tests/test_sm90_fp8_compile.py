@@ -48,6 +48,8 @@ def test_families_are_registered_with_their_ops():
     (dict(wcscale=False), ["wcscale False"]),
     (dict(tile_k=64), ["tile_k 64"]),
     (dict(schedule="ws_splitk2"), ["schedule 'ws_splitk2'"]),
+    (dict(schedule="ws_streamk", out_dtype="fp16"), ["schedule ws_streamk with out_dtype fp16", "bf16 output"]),
+    (dict(schedule="ws_streamk", weights="smem"), ["schedule ws_streamk", "weights smem", "regs or staged"]),
 ])
 def test_invalid_forms_are_refused_with_the_reason(kw, words):
     reason = fam.invalid_reason(ARCH, knobs(**kw))
@@ -63,17 +65,23 @@ def test_valid_forms_and_requirements():
     for tm in (208, 216, 224, 256):
         for r in (0, 16, 32, 48, 64, 80):
             assert fam.invalid_reason(ARCH, knobs(tile_m=tm, rank=r, weights="staged")) is None, (tm, r)
+    for tm, weights in ((128, "regs"), (208, "regs"), (216, "staged"), (256, "staged")):
+        assert fam.invalid_reason(ARCH, knobs(tile_m=tm, weights=weights, schedule="ws_streamk")) is None
     assert fam.requirements(ARCH, knobs()) == {"n_multiple": 128, "k_multiple": 256}
     assert pre.requirements(ARCH, {"scale_layout": "logical"}) == {"k_multiple": 256}
     assert fam.invalid_reason("sm_100a", knobs()).startswith("arch sm_100a is not built")
 
 
-def test_config_sections_fix_the_schedule():
+def test_config_sections_fix_the_other_knobs():
     got, probs = fam.config_axes(ARCH, {"tiles": [[128, 128, 128], [208, 128, 128]], "stages": ["auto"]})
     assert not probs and [g["tile_m"] for g in got] == [128, 208]
     assert all(g[k] == v for g in got for k, v in fam.FIXED.items())
-    _, probs = fam.config_axes(ARCH, {"tiles": [[128, 128, 128]], "schedule": ["ws"]})
-    assert probs and "schedule: unknown key" in probs[0] and "its schedule is fixed" in probs[0]
+    assert all(g["schedule"] == "ws" for g in got)          # the default schedule: whole tiles
+    _, probs = fam.config_axes(ARCH, {"tiles": [[128, 128, 128]], "prefetch": [1]})
+    assert probs and "prefetch: unknown key" in probs[0] and "fixed: prefetch 1" in probs[0]
+    got, probs = fam.config_axes(ARCH, {"tiles": [[256, 128, 128]], "schedule": ["ws", "ws_streamk"],
+                                        "weights": ["staged"]})
+    assert not probs and [g["schedule"] for g in got] == ["ws", "ws_streamk"]
     got, probs = fam.config_axes(ARCH, {"forms": [{"tiles": [[208, 128, 128]], "ranks": [32]}]})
     assert not probs and len(got) == 1
     _, probs = pre.config_axes(ARCH, {"rows": 16})

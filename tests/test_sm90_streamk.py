@@ -100,16 +100,54 @@ def test_the_launcher_allocates_the_meetings_after_the_images():
     knobs = dict(tile_m=64, tile_n=128, wsets=4, prefetch=1, schedule="ws_streamk", act_source="images")
     extra = GEMM_W4A4.prepass_extra_bytes(knobs)
     assert GEMM_W4A4.prepass_extra_bytes(dict(knobs, schedule="ws")) is None
-    gemm = StubLauncher("gemm")
-    ln = D.ImagesLauncher(StubLauncher("decode"), gemm, GEMM_W4A4.arg_names, extra)
+    gemm, decode = StubLauncher("gemm"), StubLauncher("decode")
+    ln = D.ImagesLauncher(decode, gemm, GEMM_W4A4.arg_names, extra)
     sizes = stub_workspaces(ln)
     args = [0x1000 * (i + 1) for i in range(9)] + [64, 12288, 3072, 132, 0x55]
     ln.launch(args)
-    assert gemm.calls[0][GEMM_W4A4.arg_names.index("act")] == WORKSPACE_PTR      # the images, then the meetings
+    names = GEMM_W4A4.arg_names
+    assert gemm.calls[0][names.index("act")] == WORKSPACE_PTR      # the images, then the meetings
+    # the meetings follow the images in the same block, and reach the GEMM as its (otherwise unread) ascales
+    assert gemm.calls[0][names.index("ascales")] == WORKSPACE_PTR + D.image_bytes(64, 3072)
+    assert decode.calls[0][:2] == [args[names.index("act")], args[names.index("ascales")]]   # the NVFP4 inputs
     G = SK.grid(SK.units(64, 12288, 3072, 64, 128, 4), 132)
     assert G == 132
     assert sizes == [D.image_bytes(64, 3072) + workspace_counter_bytes(G) + 2 * G * 64 * 128 * 4]
-    assert D.image_bytes(64, 3072) % 256 == 0                  # the counters start 256-byte aligned
+    assert D.image_bytes(64, 3072) % D.MEET_ALIGN == 0
+
+
+def test_the_fp8_mode_meets_in_a_workspace_of_its_own_k_tiles():
+    """The FP8-compute op's stream-K forms count units of 128-k k-tiles; after act_fp8's workspace (1 / ra and the
+    E4M3 image, rounded up to MEET_ALIGN), and alone on a ready E4M3 activation in a block of their own."""
+    from svdq_loader.ops import GEMM_W4A4_FP8, act_fp8
+    knobs = dict(tile_m=256, tile_n=128, tile_k=128, wsets=4, prefetch=1, schedule="ws_streamk",
+                 act_source="images")
+    extra = GEMM_W4A4_FP8.prepass_extra_bytes(knobs)
+    assert GEMM_W4A4_FP8.prepass_extra_bytes(dict(knobs, schedule="ws")) is None
+    m, n, k = 4608, 3072, 3072
+    U = SK.units(m, n, k, 256, 128, 4, 128)
+    assert U == 18 * 24 * (3072 // 512)
+    G = SK.grid(U, 132)
+    need = workspace_counter_bytes(G) + 2 * G * 256 * 128 * 4
+    assert extra(m, n, k, 132) == need
+    gemm, pre = StubLauncher("gemm"), StubLauncher("act_fp8")
+    names = GEMM_W4A4_FP8.arg_names
+    ln = D.ImagesLauncher(pre, gemm, names, extra, act_fp8.workspace_bytes)
+    sizes = stub_workspaces(ln)
+    args = [0x1000 * (i + 1) for i in range(9)] + [m, n, k, 132, 0x55]
+    ln.launch(args)
+    at = -(-act_fp8.workspace_bytes(m, k) // D.MEET_ALIGN) * D.MEET_ALIGN
+    assert sizes == [at + need]
+    assert gemm.calls[0][names.index("ascales")] == WORKSPACE_PTR + at
+    alone = ln.workspace_gemm("gemm_w4a4_fp8")              # an E4m3Act call: the GEMM alone, its meetings apart
+    assert alone.name == "gemm" and alone.gemm is gemm
+    sizes_alone = stub_workspaces(alone)
+    a = list(args)
+    a[names.index("ascales")] = 0
+    alone.launch(a)
+    assert sizes_alone == [need]
+    assert gemm.calls[1][names.index("act")] == a[names.index("act")]
+    assert gemm.calls[1][names.index("ascales")] == WORKSPACE_PTR
 
 
 def test_loop_unroll_is_the_kernels():

@@ -143,15 +143,20 @@ if SPEC.arg_names != _ORDER:  # pragma: no cover - a spec edit must update Image
     raise ImportError(f"decode_act: ImagesLauncher builds {_ORDER} but the spec's host args are {SPEC.arg_names}")
 
 
+#: byte alignment of the meetings' workspace inside a call's workspace (its counters are 64-bit words)
+MEET_ALIGN = 256
+
+
 class ImagesLauncher(PerCallWorkspace):
     """The launcher of a ``gemm_w4a4`` variant with ``act_source`` images: per call, a workspace from
     torch's caching allocator (on the current stream, which is the stream the library launches on), the
     decode pass into it, then the GEMM with ``act`` = the workspace.  Same interface as `Launcher`.
 
     The workspace is released when `launch` returns (`workspace`).  `extra`: None, or (m, n, k, sm_count) -> bytes
-    the GEMM uses after the images in the same workspace (the op spec's ``prepass_extra_bytes``).  `nbytes`:
-    (m, k) -> the pre-pass's bytes (`ops.WORKSPACE_BYTES_BY_PREPASS`: decode_act's images, or act_fp8's 1 / ra and
-    E4M3 images)."""
+    the GEMM needs beside the images (the op spec's ``prepass_extra_bytes``: a stream-K form's meetings), taken in
+    the same block after them and passed to the GEMM as ``ascales``, which an images form does not otherwise read.
+    `nbytes`: (m, k) -> the pre-pass's bytes (`ops.WORKSPACE_BYTES_BY_PREPASS`: decode_act's images, or act_fp8's
+    1 / ra and E4M3 images)."""
 
     def __init__(self, decode, gemm, gemm_arg_names: tuple[str, ...], extra=None, nbytes=None):
         self.decode, self.gemm = decode, gemm
@@ -166,24 +171,44 @@ class ImagesLauncher(PerCallWorkspace):
             self._n, self._sms = gemm_arg_names.index("n"), gemm_arg_names.index("sm_count")
 
     def workspace_gemm(self, op: str):
-        """The GEMM's own launcher, for a call whose activation already is this pre-pass's workspace (an
-        ``act_fp8.E4m3Act``): it then runs alone, ``act`` pointing at that workspace."""
-        if self._extra is not None:
-            from ..errors import UnsupportedProblem
-            raise UnsupportedProblem(f"variant {self.name} ({op}) needs a workspace beyond its pre-pass output, so "
-                                     f"it cannot run from an activation given ready-made")
-        return self.gemm
+        """The GEMM alone, for a call whose activation already is this pre-pass's workspace (an
+        ``act_fp8.E4m3Act``): its own launcher, or, where it needs more workspace (`extra`), a launcher that takes
+        that per call and passes it as ``ascales``."""
+        if self._extra is None:
+            return self.gemm
+        return MeetingsLauncher(self)
 
     def launch(self, args) -> None:
         m, k = args[self._m], args[self._k]
         nbytes = self._nbytes(m, k)
+        at = -(-nbytes // MEET_ALIGN) * MEET_ALIGN
         if self._extra is not None:
-            nbytes += self._extra(m, args[self._n], k, args[self._sms])
+            nbytes = at + self._extra(m, args[self._n], k, args[self._sms])
         ws = self._alloc(nbytes)
         p = ws.data_ptr()
         self.decode.launch([args[self._act], args[self._asc], p, m, k, args[self._stream]])
         a = list(args)
         a[self._act] = p
+        if self._extra is not None:
+            a[self._asc] = p + at
+        self.gemm.launch(a)
+        del ws
+
+
+class MeetingsLauncher(PerCallWorkspace):
+    """The GEMM of an `ImagesLauncher` with extra workspace, run alone on a ready activation (`workspace_gemm`): per
+    call, the extra bytes from torch's allocator, passed as ``ascales``."""
+
+    def __init__(self, images: ImagesLauncher):
+        self._images = images
+        self.gemm = images.gemm
+        self.name, self.device = images.name, images.device
+
+    def launch(self, args) -> None:
+        im = self._images
+        ws = self._alloc(im._extra(args[im._m], args[im._n], args[im._k], args[im._sms]))
+        a = list(args)
+        a[im._asc] = ws.data_ptr()
         self.gemm.launch(a)
         del ws
 
@@ -191,4 +216,4 @@ class ImagesLauncher(PerCallWorkspace):
 __all__ = ["SPEC", "prepass_spec", "workspace_size_problem",
            "IMAGE_BYTES_LIMIT", "IMAGE_COVER_ROWS", "IMAGE_INNER_ROWS", "IMAGE_ROW_BLOCK", "IMAGE_TILE_ROWS", "IMAGE_K",
            "IMAGE_SCALE_LOG2", "image_rows", "image_rows_by", "image_bytes", "image_size_problem", "tile_rows_problem",
-           "image_offset", "ImagesLauncher"]
+           "image_offset", "MEET_ALIGN", "ImagesLauncher", "MeetingsLauncher"]

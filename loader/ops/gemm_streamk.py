@@ -25,7 +25,8 @@ from __future__ import annotations
 
 from . import ranges
 
-#: k per k-tile of the sm_90a GEMM
+#: k per k-tile of the sm_90a GEMM in the exact mode (the FP8-compute mode's k-tiles are 128 k: a variant's
+#: ``tile_k`` knob)
 K_TILE = 64
 
 
@@ -36,17 +37,17 @@ def loop_unroll(wsets: int, prefetch: int) -> int:
     return max(2, wsets, prefetch)
 
 
-def units_per_tile(k: int, unroll: int) -> int:
-    """A tile's units: its K / 64 k-tiles in groups of `unroll` (the variant's K rule makes this exact)."""
-    return k // (K_TILE * unroll)
+def units_per_tile(k: int, unroll: int, k_tile: int = K_TILE) -> int:
+    """A tile's units: its K / k_tile k-tiles in groups of `unroll` (the variant's K rule makes this exact)."""
+    return k // (k_tile * unroll)
 
 
 def tile_count(m: int, n: int, tile_m: int, tile_n: int) -> int:
     return -(-m // tile_m) * (n // tile_n)
 
 
-def units(m: int, n: int, k: int, tile_m: int, tile_n: int, unroll: int) -> int:
-    return tile_count(m, n, tile_m, tile_n) * units_per_tile(k, unroll)
+def units(m: int, n: int, k: int, tile_m: int, tile_n: int, unroll: int, k_tile: int = K_TILE) -> int:
+    return tile_count(m, n, tile_m, tile_n) * units_per_tile(k, unroll, k_tile)
 
 
 def grid(total_units: int, sm_count: int) -> int:
@@ -74,11 +75,11 @@ def workspace_bytes(ctas: int, tile_m: int, tile_n: int) -> int:
 
 def workspace_bytes_for(knobs):
     """The extra workspace bytes of a ``ws_streamk`` variant's call, as a function of (m, n, k, sm_count)."""
-    tm, tn = int(knobs["tile_m"]), int(knobs["tile_n"])
+    tm, tn, tk = int(knobs["tile_m"]), int(knobs["tile_n"]), int(knobs.get("tile_k", K_TILE))
     unroll = loop_unroll(int(knobs["wsets"]), int(knobs["prefetch"]))
 
     def extra(m: int, n: int, k: int, sm_count: int) -> int:
-        return workspace_bytes(grid(units(m, n, k, tm, tn, unroll), sm_count), tm, tn)
+        return workspace_bytes(grid(units(m, n, k, tm, tn, unroll, tk), sm_count), tm, tn)
     return extra
 
 

@@ -11,7 +11,8 @@ The same host arguments and features as ``gemm_w4a4``; the tensors differ only i
 ``sm90_fp8_frag`` format, whose ``wscales`` carries rw, and a ``wcscale`` of wcscale / rw).  A call given the
 mode's own activation (an ``act_fp8.E4m3Act``, from ``quantize_act(..., compute="fp8")``, with ``ascales`` None)
 runs the GEMM alone on it; a call given an NVFP4 activation runs ``act_fp8`` first (its ``prepass``), into a
-per-call workspace the GEMM reads through ``act``.
+per-call workspace the GEMM reads through ``act``; a ``ws_streamk`` variant's meetings take the bytes after it
+(the exact op's ``prepass_extra_bytes``, with the variant's 128-k k-tiles).
 """
 from __future__ import annotations
 
@@ -26,7 +27,6 @@ SPEC = dataclasses.replace(
     name="gemm_w4a4_fp8",
     summary="NVFP4 W4A4 GEMM in the FP8-compute mode (E4M3 tensor cores; not bit-equivalent) + LoRA + affine",
     prepass=lambda knobs: "act_fp8",
-    prepass_extra_bytes=lambda knobs: None,
     knob_size_rule=lambda knobs, dims: (act_fp8.image_size_problem(dims["m"], dims["k"])
                                         or tile_rows_problem(int(knobs.get("tile_m", 1)), dims["m"])),
 )
