@@ -70,8 +70,9 @@ Two schedules (knob ``schedule``) run that same arithmetic:
   warps alike, so every SM works where N / tile_n tiles would leave some idle.  A whole tile ends as in ``ws``.  A
   split one meets: every MMA thread stores its fp32 partial sums to this CTA's slot in the meetings' workspace
   (passed as ``ascales``, which an images form does not read), a named barrier, one thread's GPU-scope fence and
-  compare-and-swap arrival on the tile's counter (``quantize_ptx._arrive``), a second barrier; the last arrival adds every part's slot in CTA order (the same sum
-  whoever is last), resets the counter and runs the epilogue.  No CTA waits for another.
+  compare-and-swap arrival on the tile's counter (``quantize_ptx._arrive``), a second barrier; the last arrival
+  adds every part's slot in CTA order (the same sum whoever is last), resets the counter and runs the epilogue.
+  No CTA waits for another.
   For small M, where N / 128 tiles leave most SMs idle.
 * The 64-row activation tile (``tile_m`` 64, ws schedules only): wgmma N = 64, half the MMA and producer work
   of the 128-row tile where most rows are padding (M <= 64).  ``wsets`` 4 gives the MMA warps four raw weight
