@@ -21,23 +21,61 @@ def _asm(ins, text, cons):
                                  asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
-def e2m1_e4m3_ptx(high: int) -> str:
+def _word_reg_ptx(high: int, lo: str, hi: str, regs: str = "", head: tuple = ()) -> str:
     """PTX: word $1 of the FP8 fragment format -> $0 = its register ``high`` (0: values 0-3, 1: values 4-7) as four
-    E4M3 bytes: one mask, one byte permute of the E2M1 -> E4M3 table, the signs OR-ed in."""
-    lines = [".reg .b32 m, s, t0, t1;", f"mov.b32 t0, 0x{E2M1_E4M3_LUT[0]:08X};",
-             f"mov.b32 t1, 0x{E2M1_E4M3_LUT[1]:08X};", f"and.b32 m, $1, 0x{MAG_MASK:08X};"]
+    E4M3 bytes: one mask, one byte permute of the table {lo, hi} (its codes 0-3, 4-7), the signs OR-ed in."""
+    lines = [f".reg .b32 m, s{regs};", *head, f"and.b32 m, $1, 0x{MAG_MASK:08X};"]
     if high:
         lines += ["shr.b32 m, m, 16;", "shl.b32 s, $1, 4;", f"and.b32 s, s, 0x{SIGN_MASK:08X};"]
     else:
         lines += [f"and.b32 s, $1, 0x{SIGN_MASK:08X};"]
-    lines += ["prmt.b32 $0, t0, t1, m;", "or.b32 $0, $0, s;"]
+    lines += [f"prmt.b32 $0, {lo}, {hi}, m;", "or.b32 $0, $0, s;"]
     return "{\n\t" + "\n\t".join(lines) + "\n\t}"
+
+
+def e2m1_e4m3_ptx(high: int) -> str:
+    """PTX: register ``high`` of word $1 through the E2M1 -> E4M3 table (the exact E2M1 values, signed)."""
+    return _word_reg_ptx(high, "t0", "t1", ", t0, t1", (f"mov.b32 t0, 0x{E2M1_E4M3_LUT[0]:08X};",
+                                                        f"mov.b32 t1, 0x{E2M1_E4M3_LUT[1]:08X};"))
 
 
 @dsl_user_op
 def e2m1_e4m3_reg(word, high: int, *, loc=None, ip=None):
     """Register `high` of a fragment word: four exact E4M3 bytes."""
     return _asm([Int32(word)], e2m1_e4m3_ptx(high), "=r,r")
+
+
+def lut_reg_ptx(high: int) -> str:
+    """PTX: register ``high`` of word $1 through the byte table {$2, $3} of that register's row and group
+    (`lut_pair`): e4m3(|e2m1| · scale · rw), the signs OR-ed in."""
+    return _word_reg_ptx(high, "$2", "$3")
+
+
+@dsl_user_op
+def lut_reg(word, lo, hi, high: int, *, loc=None, ip=None):
+    """Register `high` of a fragment word through its row's byte table (lo: codes 0-3, hi: codes 4-7)."""
+    return _asm([Int32(word), Int32(lo), Int32(hi)], lut_reg_ptx(high), "=r,r,r,r")
+
+
+#: fp16x2 of the E2M1 magnitudes in code order, two per register: {0, 0.5}, {1, 1.5}, {2, 3}, {4, 6}
+MAG_F16X2 = (0x38000000, 0x3E003C00, 0x42004000, 0x46004400)
+
+#: PTX: the broadcast fp16x2 multiplier $2 ({scale · rw, scale · rw}) -> the byte table of one row and group:
+#: $0 = e4m3 of magnitudes 0, 0.5, 1, 1.5 times it, $1 = of 2, 3, 4, 6 (each product exact in fp16, as in
+#: `round_scaled`, then rounded once to E4M3)
+LUT_PAIR_PTX = ("{\n\t.reg .b32 c, p;\n\t.reg .b16 q0, q1, q2, q3;\n\t" + "".join(
+    f"mov.b32 c, 0x{v:08X};\n\tmul.rn.f16x2 p, c, $2;\n\tcvt.rn.satfinite.e4m3x2.f16x2 q{i}, p;\n\t"
+    for i, v in enumerate(MAG_F16X2)) + "mov.b32 $0, {q0, q1};\n\tmov.b32 $1, {q2, q3};\n\t}")
+
+
+@dsl_user_op
+def lut_pair(mult2, *, loc=None, ip=None):
+    """(codes 0-3, codes 4-7) of the byte table for the broadcast fp16x2 multiplier `mult2` (`LUT_PAIR_PTX`)."""
+    from cutlass._mlir import ir
+    st = ir.Type.parse("!llvm.struct<(i32,i32)>")
+    r = llvm.inline_asm(st, [Int32(mult2).ir_value()], LUT_PAIR_PTX, "=r,=r,r", has_side_effects=False,
+                        is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    return [Int32(llvm.extractvalue(Int32.mlir_type, r, [i])) for i in range(2)]
 
 
 ROUND_SCALED_PTX = ("{\n\t.reg .b16 l, h, ol, oh;\n\t.reg .b32 fl, fh;\n\tmov.b32 {l, h}, $1;\n\t"

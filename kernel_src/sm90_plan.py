@@ -102,8 +102,12 @@ if FP8_BUFFERS not in (2, 3):
 #: an H100); ``smem`` has warpgroup 0 (which in an images form
 #: only copies the activations) decode each k-tile's 128 weight rows once into an E4M3 stage beside the activation
 #: stage, and the MMA warps issue shared-memory wgmmas only (an experiment form: correct on an H100 in session 28,
-#: no faster; docs/PERF.md).
-FP8_WEIGHT_PATHS = ("regs", "staged", "smem")
+#: no faster; docs/PERF.md); ``lut`` is ``staged`` where the producer warpgroup (in ``staged`` one thread copies,
+#: the other 127 idle) also turns each k-tile's block scales into byte tables in the stage, eight bytes per weight row
+#: and 16-k group, e4m3(|e2m1| · scale · rw) for the eight E2M1 magnitudes, so the MMA warps decode a word by two
+#: byte permutes and two sign ORs instead of 24 conversions and multiplies (session 32: the FP8 main loop's
+#: decode, 780 of its 920 instructions per 16 QGMMA at 216 rows, sits between two k-tiles' wgmmas).
+FP8_WEIGHT_PATHS = ("regs", "staged", "smem", "lut")
 #: smem weights: the decoding warpgroup holds two k-tiles of raw weight words and scales for 128 rows (48 registers)
 #: beside the decode's; at 88 and 104 it kept stack frames (CPU, session 28), so it gets 120 registers and the MMA
 #: warps 192: 128 x 120 + 256 x 192 <= 384 x 168.
@@ -120,12 +124,27 @@ def fp8_smem_weights(cfg: _Cfg) -> bool:
 #: quad of threads (the fragment format's bytes as they are)
 FP8_RAW_WORD_BYTES = 128 * 32
 FP8_RAW_BLOCK_BYTES = FP8_RAW_WORD_BYTES + 32 * 16
+#: lut weights: one 64-row block's k-tile of byte tables after its words: for each of the k-tile's eight 16-k
+#: groups g and each quad q of MMA threads (rows r0, r0 + 8), 16 bytes: the eight E4M3 bytes e4m3(|e2m1| · scale ·
+#: rw) of row r0 (codes 0-7), then those of row r0 + 8, at (32 g + q) · 16
+FP8_LUT_BYTES = 8 * 32 * 16
+FP8_LUT_BLOCK_BYTES = FP8_RAW_WORD_BYTES + FP8_LUT_BYTES
 
 
 def fp8_staged_weights(cfg: _Cfg) -> bool:
-    """The FP8-compute form's producer bulk-copies the raw weight bytes into the stages (`FP8_WEIGHT_PATHS`:
-    staged)."""
-    return cfg.compute == "fp8" and cfg.weights == "staged"
+    """The FP8-compute form's producer bulk-copies the raw weight words into the stages (`FP8_WEIGHT_PATHS`:
+    staged, and lut)."""
+    return cfg.compute == "fp8" and cfg.weights in ("staged", "lut")
+
+
+def fp8_lut_weights(cfg: _Cfg) -> bool:
+    """The FP8-compute form's producer warpgroup also writes each k-tile's byte tables (`FP8_WEIGHT_PATHS`: lut)."""
+    return cfg.compute == "fp8" and cfg.weights == "lut"
+
+
+def fp8_raw_block_bytes(cfg: _Cfg) -> int:
+    """Stage bytes of one 64-row block's k-tile of staged weights: words and scales, or words and tables (lut)."""
+    return FP8_LUT_BLOCK_BYTES if fp8_lut_weights(cfg) else FP8_RAW_BLOCK_BYTES
 
 
 def fp8_weight_store_offset(tidx, b: int, kb: int, h: int, i: int):
@@ -282,7 +301,7 @@ def _smem_plan(cfg: _Cfg) -> dict[str, int]:
     if fp8_smem_weights(cfg):
         main = w_at + cfg.stages * cfg.tile_n * FP8_TILE_K     # the E4M3 weight stages after the activation ones
     elif fp8_staged_weights(cfg):
-        main = w_at + cfg.stages * (cfg.tile_n // 64) * FP8_RAW_BLOCK_BYTES     # the raw weight bytes
+        main = w_at + cfg.stages * (cfg.tile_n // 64) * fp8_raw_block_bytes(cfg)    # the raw weight bytes
     lora = (cfg.tile_n + cfg.tile_m) * _lora_chunk(cfg.rank) * 2 if cfg.rank else 0
     la_in_chunk = cfg.tile_n * _lora_chunk(cfg.rank) * 2 if cfg.rank else 0
     if is_ws(cfg):

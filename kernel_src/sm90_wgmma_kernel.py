@@ -111,12 +111,14 @@ except ImportError:  # older DSL
     from cutlass.utils import LayoutEnum
 
 from .sm90_decode_act import image_rows_dsl
-from .sm90_decode_ptx import (_adecode, _adecode_prmt, _bcast, _bulk_g2s, _byte_form, _ld_cluster_v4f, _lds_v4f,
-                              _lds_v4u, _scales_x128, _ld_relaxed_v4f, _st_v4f, _sts_v4f, _wdecode, weight_scales_x128)
+from .sm90_decode_ptx import (_adecode, _adecode_prmt, _bcast, _bulk_g2s, _byte_form, _ld_cluster_v4f, _ldg_v2u,
+                              _lds_v4f, _lds_v4u, _scales_x128, _ld_relaxed_v4f, _st_v4f, _sts_v4f, _sts_v4u, _wdecode,
+                              weight_scales_x128)
 from .sm90_epilogue_ptx import pair_blocks, store_yt_pairs
-from .sm90_fp8_ptx import block_mults, e2m1_e4m3_reg, f16x2_of, round_scaled
-from .sm90_plan import (FP8_PROMOTE_KTILES, FP8_RAW_BLOCK_BYTES, FP8_RAW_WORD_BYTES, TILE_K, THREADS, _Cfg,
-                        _lora_chunk, _problem, fp8_promotes, fp8_smem_weights, fp8_staged_weights,
+from .sm90_fp8_ptx import block_mults, e2m1_e4m3_reg, f16x2_of, lut_pair, lut_reg, round_scaled
+from .sm90_plan import (FP8_PROMOTE_KTILES, FP8_RAW_WORD_BYTES, TILE_K, THREADS, _Cfg,
+                        _lora_chunk, _problem, fp8_lut_weights, fp8_promotes, fp8_raw_block_bytes, fp8_smem_weights,
+                        fp8_staged_weights,
                         fp8_weight_store_offset, frag_buffers, k_tile, mma_warpgroups, ws_regs, _smem_plan, is_streamk,
                         is_ws, k_unroll, ksplit_of, ring_aligned, ring_in_step, ring_prev_stage, ring_slot, ring_step,
                         split_k_share, threads_of)
@@ -237,6 +239,8 @@ class _Sm90Wgmma:
         self.nbuf = frag_buffers(cfg)                 # weight fragment buffers of the MMA warps (2, or 3: FP8)
         self.wsmem = fp8_smem_weights(cfg)            # FP8: warpgroup 0 decodes the weights into SMEM stages
         self.staged = fp8_staged_weights(cfg)         # FP8: the raw weight bytes come through the stages
+        self.lut = fp8_lut_weights(cfg)               # FP8: ... with the producer's byte tables beside them
+        self.rb = fp8_raw_block_bytes(cfg) if self.staged else 0     # stage bytes per 64-row block
         assert not self.staged or self.atoms == 1
         self.promote = fp8_promotes(cfg)              # FP8, fp16 out: fp32 sums in SMEM every few k-tiles
 
@@ -381,6 +385,26 @@ class _Sm90Wgmma:
         v = _lds_v4u(raddr + FP8_RAW_WORD_BYTES + (lane_t // 4) * 16)
         for i in range(4):
             wsc[i] = v[i]
+
+    def _staged_fragments(self, fragw, raddr, lane_t, wraw, wsc, r2):
+        """staged / lut weights (FP8): thread `lane_t`'s fragments of one 64-row block's k-tile from its stage bytes
+        at shared address `raddr`: its eight words, then (staged) its quad's scales and the register decode, or (lut)
+        per word the 16 bytes of its group's tables for rows r0 and r0 + 8 (`FP8_LUT_BYTES`), two byte permutes."""
+        if not self.lut:
+            self._lds_w(raddr, lane_t, wraw[0], wsc[0])
+            self._decode_w(fragw, wraw, wsc, r2)
+            return
+        for h in range(2):
+            v = _lds_v4u(raddr + lane_t * 32 + 16 * h)
+            for i in range(4):
+                wraw[0][4 * h + i] = v[i]
+        tq = raddr + FP8_RAW_WORD_BYTES + (lane_t // 4) * 16
+        for kb in range(self.ktile // self.kstep):
+            for h in range(2):
+                t = _lds_v4u(tq + (2 * kb + h) * 512)
+                word = wraw[0][2 * kb + h]
+                for i in range(2):
+                    fragw[2 * h + i + 4 * kb] = lut_reg(word, t[2 * i], t[2 * i + 1], i)
 
     def _store_act(self, sA, stage, rows, kcs, valid, raw, rsc, deq, only=None):
         if self.fp8:
@@ -569,7 +593,7 @@ class _Sm90Wgmma:
         if tidx == 0:
             for s in cutlass.range_constexpr(S):
                 # full[s]: the images producer's expect-tx arrival (and, smem weights, every decoding thread's)
-                cute.arch.mbarrier_init(bars + s, (129 if self.wsmem else 1) if self.images else 128)
+                cute.arch.mbarrier_init(bars + s, (129 if self.wsmem or self.lut else 1) if self.images else 128)
                 cute.arch.mbarrier_init(bars + S + s, 4 * self.mwg)     # one arrival per MMA warp
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
@@ -638,13 +662,56 @@ class _Sm90Wgmma:
             # ---- producer (act_source images): one thread bulk-copies each k-tile's image rows ----------
             cute.arch.setmaxregister_decrease(ws_regs(self.cfg)[1])
             TB = tm * TILE_K * 2                         # bytes of one stage = tm image rows of 128 bytes
-            if tidx == 0:
+            if cutlass.const_expr(self.lut):
+                # lut weights: thread 0 bulk-copies each k-tile's activation image rows and both blocks' raw words
+                # into the stage (as staged, without the scales); every thread writes the byte tables of block
+                # tidx // 64, quad q = tidx % 32 and groups 4j .. 4j + 3 (j = tidx // 32 % 2): per group, its two
+                # rows' fp16 scale · rw (block_mults, from the 8 scale bytes it loads per k-tile) and the eight E4M3
+                # bytes of each E2M1 magnitude times it (lut_pair), 16 bytes at (32 g + q) · 16 past the block's
+                # words; then every thread arrives on the stage's full barrier (129 with thread 0's expect-tx)
+                RB, WW = self.rb, FP8_RAW_WORD_BYTES
+                sbase = base.toint()
+                mp = Int64(image_rows_dsl(m))
+                gbase = p_act.toint() + mp * 4                  # past 1 / ra (float32 per image row)
+                b = tidx // 64
+                q = tidx % 32
+                j = (tidx // 32) % 2
+                r0 = 16 * (q // 8) + q % 8                      # the quad's first row in its 64-row block
+                mRw = cute.make_tensor(cute.recast_ptr(p_wsc, dtype=Float32), cute.make_layout((n,)))
+                sgl = p_wsc.toint() + Int64(n) * 4 + q * 16 + j * 8   # + 512 per (block, k-tile): its 8 scale bytes
+                for tile in cutlass.range(t0, tend, tstep, unroll=1):
+                    m0 = (tile // tiles_n) * tm
+                    n0 = (tile - (tile // tiles_n) * tiles_n) * tn
+                    kabs_t, nk_t, g0 = self._segment(tile, t0, tstep, kabs, nk, sk)
+                    row = n0 + 64 * b + r0
+                    r2 = f16x2_of(mRw[row], mRw[row + 8])
+                    for kt in cutlass.range(0, nk_t, unroll=1):
+                        ka = _k(kabs_t, kt)
+                        sc = _ldg_v2u(sgl + Int64((n0 // 64 + b) * num_kt + ka) * 512)
+                        stage, par = ring_slot(g0 + kt, S)
+                        cute.arch.mbarrier_wait(bars + S + stage, par ^ 1)
+                        if tidx == 0:
+                            cute.arch.mbarrier_arrive_and_expect_tx(bars + stage, TB + self.mwg * WW)
+                            src = gbase + (Int64(ka) * mp + m0) * (TILE_K * 2)
+                            _bulk_g2s(sbase + stage * TB, src, TB, (bars + stage).toint())
+                            for bb in cutlass.range_constexpr(self.mwg):
+                                blk = Int64((n0 // 64 + bb) * num_kt + ka)
+                                dst = sbase + self.plan["w_offset"] + (stage * self.mwg + bb) * RB
+                                _bulk_g2s(dst, p_wgt.toint() + blk * WW, WW, (bars + stage).toint())
+                        tb = sbase + self.plan["w_offset"] + (stage * self.mwg + b) * RB + WW + q * 16
+                        for gi in cutlass.range_constexpr(4):
+                            mult = block_mults(sc[gi // 2], gi % 2, r2)
+                            l0 = lut_pair(_bcast(mult, 0))
+                            l1 = lut_pair(_bcast(mult, 1))
+                            _sts_v4u(tb + (4 * j + gi) * 512, l0[0], l0[1], l1[0], l1[1])
+                        cute.arch.mbarrier_arrive(bars + stage)
+            elif tidx == 0:
                 sbase = base.toint()
                 gbase = p_act.toint()
                 mp = Int64(image_rows_dsl(m))
                 if cutlass.const_expr(self.fp8):
                     gbase = gbase + mp * 4                  # past 1 / ra (float32 per image row)
-                RB = FP8_RAW_BLOCK_BYTES
+                RB = self.rb
                 for tile in cutlass.range(t0, tend, tstep, unroll=1):
                     m0 = (tile // tiles_n) * tm
                     n0 = (tile - (tile // tiles_n) * tiles_n) * tn
@@ -747,12 +814,12 @@ class _Sm90Wgmma:
                     self._promote(psum, ctid, acc, first=True)
                 if cutlass.const_expr(self.staged):
                     # the first k-tile's raw bytes: wait for its stage, read them, decode
-                    r2 = self._fp8_rw_pairs(p_wsc, n, n0, ctid, cwg)
-                    rawb = base.toint() + self.plan["w_offset"] + cwg * FP8_RAW_BLOCK_BYTES
+                    r2 = None if self.lut else self._fp8_rw_pairs(p_wsc, n, n0, ctid, cwg)
+                    rawb = base.toint() + self.plan["w_offset"] + cwg * self.rb
                     st0, p0 = ring_slot(g0, S)
                     cute.arch.mbarrier_wait(bars + st0, p0)
-                    self._lds_w(rawb + st0 * (self.mwg * FP8_RAW_BLOCK_BYTES), ctid % 128, wraw[0][0], wsc[0][0])
-                    self._decode_w(fragW[0], wraw[0], wsc[0], r2)
+                    self._staged_fragments(fragW[0], rawb + st0 * (self.mwg * self.rb), ctid % 128, wraw[0],
+                                           wsc[0], r2)
                 elif cutlass.const_expr(not self.wsmem):
                     r2 = self._fp8_rw_pairs(p_wsc, n, n0, ctid, cwg) if self.fp8 else None
                     for j in cutlass.range_constexpr(W):
@@ -813,9 +880,8 @@ class _Sm90Wgmma:
                             if kt + 1 < nk_t:
                                 st1, p1 = ring_slot(g + 1, S)
                                 cute.arch.mbarrier_wait(bars + st1, p1)
-                                self._lds_w(rawb + st1 * (self.mwg * FP8_RAW_BLOCK_BYTES), ctid % 128,
-                                            wraw[0][0], wsc[0][0])
-                                self._decode_w(fragW[1 - half], wraw[0], wsc[0], r2)
+                                self._staged_fragments(fragW[1 - half], rawb + st1 * (self.mwg * self.rb),
+                                                       ctid % 128, wraw[0], wsc[0], r2)
                         elif cutlass.const_expr(nbuf == 2):
                             # k-tile kt+1 (raw set (u+1) mod W) -> fragments 1-half; then k-tile kt+1+W into that set
                             self._decode_w(fragW[1 - half], wraw[ws_], wsc[ws_], r2)

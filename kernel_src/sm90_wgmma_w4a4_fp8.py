@@ -50,7 +50,7 @@ TUNING: dict[str, tuple] = dict(
     tile_k=(FP8_TILE_K,),          # 128 k per stage: one 128-byte row of E4M3
     stages=(3, 4, 6),
     wsets=(2, 4),                  # raw weight sets in flight (k-tiles loaded ahead of their decode)
-    weights=sm90_plan.FP8_WEIGHT_PATHS,   # where the MMA warps' raw weights come from (regs | staged | smem)
+    weights=sm90_plan.FP8_WEIGHT_PATHS,   # where the MMA warps' raw weights come from (regs | staged | smem | lut)
     # whole tiles, or stream-K (equal ranges of (tile, 4-k-tile group) units; bf16 only: sm90_plan.FP8_SCHEDULES)
     schedule=sm90_plan.FP8_SCHEDULES,
     prefetch=(1,), skip_pad=(True,), act_decode=("prmt",), act_source=("images",),
@@ -74,6 +74,10 @@ _MAX_TILE_M = {0: 208, 16: 208, 32: 208, 48: 208}
 #: with weights staged the 208-, 224- and 256-row tiles compile without a stack frame up to this rank (CPU,
 #: session 29: ranks 0-80 at 224 and 256 rows; rank 96 keeps a frame at 208, 224 and 256)
 _MAX_STAGED_RANK = 80
+#: with weights lut (the tables beside the words) the 256-row tile does not build well at ranks 48-80 (CPU, session 32):
+#: rank -> why; the staged 256-row form serves those ranks (DEFAULT_FORMS)
+_LUT_256_REFUSED = {48: "a 32-byte stack frame", 80: "a 32-byte stack frame",
+                    64: "four stages need more SMEM than an SM has (three fit, and are not faster than staged's four)"}
 
 #: A grid-fill estimate (`svdq_loader.select_rules.Fill`: waves x per-CTA k-steps x tile area x factor), then the
 #: deeper ring, the more raw weight sets, and the register form before the staged one.  The factors are the time per
@@ -90,7 +94,9 @@ SELECTION = [
         {"fill": {"tile": ["tile_m", "tile_n", "tile_k"], "ctas_per_sm": 1,
                   "factor": {"knob": "tile_m", "values": [[128, 1.4], [208, 1.06], [216, 1.07], [224, 1.05]]}}},
         {"knob": "stages", "order": "desc"}, {"knob": "wsets", "order": "desc"},
-        {"knob": "weights", "values": list(sm90_plan.FP8_WEIGHT_PATHS)}]},
+        # at one tile: regs (the 208-row form, faster than lut there at K >= 12288), then lut before staged (measured
+        # faster at every tile it shares with staged, session 32)
+        {"knob": "weights", "values": ["regs", "lut", "staged", "smem"]}]},
 ]
 
 
@@ -117,14 +123,20 @@ DEFAULT_FORMS = (
     {"tiles": [[208, 128, 128]], "wsets": [2, 4]},
     # the producer bulk-copies the raw weights into the stages, so the taller tiles fit the MMA warps' registers: 5-12 %
     # faster than the 208-row tile at M = 4608 (H200, session 29); bf16 only (fp16's fp32 sums do not fit their SMEM).
-    # 216 rows: whole waves at M = 4608, 1.3-2.0 % faster than 224 at all six FLUX shapes there (H100, session 31)
-    {"tiles": [[216, 128, 128], [224, 128, 128], [256, 128, 128]], "wsets": [4], "weights": ["staged"]},
+    # 216 rows: whole waves at M = 4608, 1.3-2.0 % faster than 224 at all six FLUX shapes there (H100, session 31).
+    # lut: the producer also writes the weights' byte tables, so the MMA warps decode a word by two byte permutes;
+    # 1.1-3.0 % faster than staged at 216 rows and 2.6-7.6 % at 256 at all six M = 4608 shapes, no slower beyond
+    # 0.4 % at M = 1024 (H100, session 32)
+    {"tiles": [[216, 128, 128], [224, 128, 128], [256, 128, 128]], "wsets": [4], "weights": ["lut"]},
+    # the 256-row tile at ranks 48-80 staged: with the tables it spills at 48 and 80 and overflows SMEM at 64
+    {"tiles": [[256, 128, 128]], "wsets": [4], "weights": ["staged"], "ranks": [48, 64, 80]},
 )
 
 
 def config_axes(arch: str, section: dict) -> tuple[list[dict], list[str]]:
     """``variants.sm_90a.gemm_w4a4_fp8`` -> knob dicts: ``tiles`` ([[tile_m, 128, 128], ...]), ``stages``
-    ([auto | 3 | 4 | 6]), ``wsets`` ([2 | 4], default 2) and ``weights`` ([regs | staged | smem], default regs), or
+    ([auto | 3 | 4 | 6]), ``wsets`` ([2 | 4], default 2), ``weights`` ([regs | staged | smem | lut], default regs) and
+    ``schedule`` ([ws | ws_streamk], default ws), or
     ``forms`` (a list of such sections, each may list ``ranks``), read as the exact family reads them: every
     combination of a form's values; every other knob is fixed (`FIXED`).  An empty section builds
     `DEFAULT_FORMS`."""
@@ -200,7 +212,7 @@ def invalid_reason(arch: str, knobs: dict) -> Optional[str]:
         return (f"wsets {cfg.wsets} with fp16 output at rank {rank}: four raw weight sets beside the promotion and a "
                 f"LoRA of two chunks keep an 8-byte stack frame (measured on the CPU, session 28: rank 128); two sets "
                 f"build")
-    if tm in IMAGE_INNER_ROWS and cfg.weights != "staged":
+    if tm in IMAGE_INNER_ROWS and cfg.weights not in ("staged", "lut"):
         return (f"tile_m {tm} with weights {cfg.weights}: the {tm}-row tile is built with weights staged only (the "
                 f"form it ran in, session 31; staged, the 224- and 256-row tiles ran 5-12 % faster than the 208-row "
                 f"register form at M = 4608, session 29)")
@@ -209,7 +221,10 @@ def invalid_reason(arch: str, knobs: dict) -> Optional[str]:
                 f"rows has run at 208 rows up to rank 48; session 27 measured a stack frame beyond, and where today's "
                 f"kernel compiles without one, CPU session 31, it has not run); 128 rows build at every rank, and "
                 f"with weights staged 208-256 rows up to rank {_MAX_STAGED_RANK}")
-    if tm > 128 and rank > _MAX_STAGED_RANK and cfg.weights == "staged":
+    if tm == 256 and rank in _LUT_256_REFUSED and cfg.weights == "lut":
+        return (f"tile_m 256 at rank {rank} with weights lut: {_LUT_256_REFUSED[rank]} (measured on the CPU, session "
+                f"32); weights staged build it, and lut builds 216 and 224 rows up to rank {_MAX_STAGED_RANK}")
+    if tm > 128 and rank > _MAX_STAGED_RANK and cfg.weights in ("staged", "lut"):
         return (f"tile_m {tm} at rank {rank} with weights staged: {tm // 2} accumulators beside a LoRA of more than "
                 f"{_MAX_STAGED_RANK} keep a stack frame (measured on the CPU, session 29: rank 96 at 208, 224 and 256 "
                 f"rows, session 31: 216 rows); the 128-row tile builds at every rank")

@@ -389,11 +389,11 @@ def test_project_sm90_gemm_kernel_matches_dsl(tmp_path, schedule, tile_m, wsets)
 
 
 @pytest.mark.parametrize("op, k_split, gemm", [("gemm_w4a4_fp8", False, ("fp16", 16, 208, "regs", "ws")),
-                                                ("gemm_w4a4_fp8", False, ("bf16", 32, 216, "staged", "ws")),
+                                                ("gemm_w4a4_fp8", False, ("bf16", 32, 216, "lut", "ws")),
                                                 ("gemm_w4a4_fp8", False, ("bf16", 32, 256, "staged", "ws_streamk")),
                                                 ("act_fp8", False, None), ("act_fp8", True, None)])
 def test_project_fp8_mode_kernels_match_dsl(tmp_path, monkeypatch, op, k_split, gemm):
-    """The FP8-compute mode's GEMM (the 208-row register form, the 216-row staged one of configs/flux.yaml, and the
+    """The FP8-compute mode's GEMM (the 208-row register form, the 216-row lut one of configs/flux.yaml, and the
     256-row staged one under stream-K of configs/sm90_fp8_streamk.yaml) and its pre-pass (also with
     ``SVDQ_KERNEL_SM90_ACT_FP8_KSPLIT=1``'s grid.y): the serialised host program launches exactly what the DSL's
     own host code launches (grid, block, SMEM, cluster, parameter bytes) for random shapes and pointers."""

@@ -317,7 +317,7 @@ def test_the_weights_knob_names_its_values():
     assert "weights 'tmem' not supported" in fam.invalid_reason(ARCH, knobs(weights="tmem"))
     got, probs = fam.config_axes(ARCH, {"forms": [{"tiles": [[128, 128, 128]], "weights": "staged"}]})
     assert got == [] and probs == ["forms[0].weights: 'staged': expected a non-empty list of distinct names "
-                                   "(regs, staged, smem)"]
+                                   "(regs, staged, smem, lut)"]
     from svdq_kernels import sm90_plan
     exact_knobs = {k: v for k, v in knobs(schedule="ws").items()}
     exact_knobs.update(weights="staged", tile_k=64)
@@ -380,6 +380,39 @@ def test_staged_raw_weights_build_the_256_row_register_form(tmp_path):
     assert not any(re.search(r"\bLDG\b", t) for t in body)
 
 
+def test_lut_weights_decode_each_word_by_two_byte_permutes(tmp_path):
+    """weights lut (session 32; shipped at 216-256 rows): the producer warpgroup turns each k-tile's block scales
+    into byte tables in the stage, after the block's words (their SMEM plan), so the MMA warps' main loop converts
+    nothing: no F2FP and no HMUL2 there, two byte permutes per word (16 per k-tile), 16-byte shared loads for the
+    words and one per word for its tables, and about half the instructions of the staged loop; the producer computes
+    the tables with the conversions the staged loop had (F2FP to E4M3) and stores them with 16-byte shared stores."""
+    from svdq_kernels import sm90_plan
+    k = knobs(tile_m=216, rank=32, weights="lut")
+    assert fam.invalid_reason(ARCH, k) is None
+    plan = sm90_plan._smem_plan(sm90_plan._cfg_of(k, "fp8"))
+    assert sm90_plan.FP8_LUT_BLOCK_BYTES == sm90_plan.FP8_RAW_WORD_BYTES + 8 * 32 * 16
+    assert plan["main_bytes"] == plan["w_offset"] + 4 * 2 * sm90_plan.FP8_LUT_BLOCK_BYTES
+    assert plan["total_bytes"] <= sm90_plan.SMEM_LIMIT_BYTES
+    sizes = {}
+    for w in ("lut", "staged"):
+        kw = knobs(tile_m=216, rank=32, weights=w)
+        ck = fam.compile(ARCH, kw, GEMM_W4A4_FP8.name_for(ARCH, kw, fam.requirements(ARCH, kw)), str(tmp_path))
+        assert ck.resource_usage[ck.kernel_symbols[0]]["stack_frame_bytes"] == 0
+        sass = sass_of_cubin(ck.cubin, tmp_path)
+        assert not re.search(r"\b(STL|LDL)\b", sass)
+        main = min((lp for lp in loops(instructions(sass)) if lp["hmma"]), key=lambda lp: lp["instructions"])
+        body = [t for a, t in instructions(sass) if main["start"] <= a <= main["end"]]
+        sizes[w] = len(body)
+        if w == "staged":
+            continue
+        steps = main["hmma"] // 4                                   # k-tiles per loop step (four QGMMA each)
+        assert not any(re.search(r"\b(F2FP|HMUL2)\b", t) for t in body)
+        assert sum(bool(re.search(r"\bPRMT\b", t)) for t in body) == 16 * steps
+        assert sum(bool(re.search(r"\bLDS\.128\b", t)) for t in body) == (2 + 8) * steps
+        assert re.search(r"F2FP\.SATFINITE\.E4M3\.F16", sass) and re.search(r"\bSTS\.128\b", sass)
+    assert sizes["lut"] < 0.55 * sizes["staged"], sizes
+
+
 def test_every_shipped_fp8_variant_runs_its_main_loop_on_fp8_qgmma_without_spills(tmp_path):
     """Issue 12's static check over every variant `configs/sm90_fp8.yaml` ships for the mode (its gemm_w4a4_fp8 and
     act_fp8 sections, built for real with `-j 2`): each GEMM's SASS has the tile's E4M3 x E4M3 ``QGMMA`` with the
@@ -396,7 +429,7 @@ def test_every_shipped_fp8_variant_runs_its_main_loop_on_fp8_qgmma_without_spill
     out = tmp_path / "art"
     m = build(path, out, jobs=2)
     gemms = [v for v in m.variants if v.op == "gemm_w4a4_fp8"]
-    assert len(gemms) >= 12 and {v.knobs["weights"] for v in gemms} == {"regs", "staged"}
+    assert len(gemms) >= 12 and {v.knobs["weights"] for v in gemms} == {"regs", "lut"}
     assert {v.knobs["tile_m"] for v in gemms} == {128, 208, 216, 224, 256}
     for v in m.variants:
         sass = sass_of_cubin((out / v.cubin).read_bytes(), tmp_path)
@@ -440,5 +473,5 @@ def test_an_empty_section_builds_the_default_forms():
     want, _ = fam.config_axes(ARCH, {"forms": [dict(f) for f in fam.DEFAULT_FORMS]})
     assert not probs and got == want
     assert {(g["tile_m"], g["wsets"], g["weights"]) for g in got} == {
-        (128, 4, "regs"), (128, 2, "regs"), (208, 2, "regs"), (208, 4, "regs"), (216, 4, "staged"),
-        (224, 4, "staged"), (256, 4, "staged")}
+        (128, 4, "regs"), (128, 2, "regs"), (208, 2, "regs"), (208, 4, "regs"), (216, 4, "lut"),
+        (224, 4, "lut"), (256, 4, "lut"), (256, 4, "staged")}

@@ -44,6 +44,13 @@ def test_round_trip_is_a_bijection_and_records_rw():
     assert not torch.equal(fmt.to_frag(wgt, ws)[0], wf)
 
 
+def _place(got, out, rows, cols):
+    """Write the decoded bytes `out` [blocks, k-tiles, thread] of one (row, k) per thread into `got` [N, K]."""
+    for nbi in range(out.shape[0]):
+        for kti in range(out.shape[1]):
+            got[nbi * 64 + rows.numpy(), kti * 128 + cols.numpy()] = out[nbi, kti].numpy()
+
+
 def test_lut_holds_the_e2m1_values_as_e4m3():
     lut = [(fmt.E2M1_E4M3_LUT[i // 4] >> (8 * (i % 4))) & 0xFF for i in range(8)]
     assert list(ref.decode_e4m3(np.array(lut, np.uint8))) == [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
@@ -75,13 +82,59 @@ def test_kernel_decode_gives_the_modes_operand_bit_for_bit():
                 byte = ((reg >> (8 * e)) & 0xFF).to(torch.uint8).view(torch.float8_e4m3fn)
                 prod = byte.to(torch.float16) * mult                 # mul.rn.f16x2 (exact here)
                 out = prod.to(torch.float8_e4m3fn).view(torch.uint8).to(torch.int64)   # cvt.rn.satfinite
-                cols = 32 * kblk + 16 * h + 4 * (lane % 4) + e
-                for nbi in range(nb):
-                    for kti in range(kb):
-                        got[nbi * 64 + rows.numpy(), kti * 128 + cols.numpy()] = out[nbi, kti].numpy()
+                _place(got, out, rows, 32 * kblk + 16 * h + 4 * (lane % 4) + e)
     assert (got >= 0).all()
     np.testing.assert_array_equal(got, w8_want.astype(np.int64))
     np.testing.assert_array_equal(rw.double().numpy(), rw_want)
+
+
+#: the E2M1 magnitudes in code order (the lut form's table order, `sm90_fp8_ptx.MAG_F16X2`)
+_MAGS = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def test_lut_form_decode_gives_the_modes_operand_bit_for_bit():
+    """weights "lut" (kernel_src/sm90_wgmma_kernel.py): the producer's byte tables (per row and 16-k group, the eight
+    magnitudes times the fp16 scale · rw, each rounded once to E4M3) and the MMA warps' decode (mask, byte permute
+    of the row's table, sign OR) replayed on every value and every finite E4M3 scale byte: the mode's operand."""
+    n, k = 128, 256
+    wgt, ws = _random_weight(n, k, seed=5)
+    w8_want, _ = f8.fp8_operand(wgt.numpy(), ws.view(torch.uint8).numpy())
+    wf, sf = fmt.to_frag(wgt, ws)
+    nb, kb = n // 64, k // 128
+    b = wf.to(torch.int64).view(nb, kb, 128, 8, 4)
+    words = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16) | (b[..., 3] << 24)      # [nb, kt, t, word]
+    sq = sf[4 * n:].view(nb, kb, 32, 8, 2)                                              # [nb, kt, quad, group, row]
+    rw = fmt.rw_of(sf, n)
+    mags = torch.tensor(_MAGS, dtype=torch.float16)
+    t = torch.arange(128)
+    warp, lane = t // 32, t % 32
+    r0 = 16 * warp + lane // 4
+    got = np.full((n, k), -1, dtype=np.int64)
+    for w in range(8):
+        kblk, h = w // 2, w % 2
+        g = 2 * kblk + h
+        word = words[:, :, :, w]
+        for i in range(2):                                           # register 2h + i: row r0 + 8i
+            rows = r0 + 8 * i
+            s = sq[:, :, warp * 8 + lane // 4, g, i]                 # [nb, kt, t]: the producer's scale byte
+            mult = (s.view(torch.float8_e4m3fn).to(torch.float16)
+                    * rw.view(nb, 64)[:, rows].unsqueeze(1).to(torch.float16))     # block_mults: cvt, x rw (fp16)
+            table = (mags * mult.unsqueeze(-1)).to(torch.float8_e4m3fn).view(torch.uint8).to(torch.int64)  # [.., 8]
+            sel = (word & fmt.MAG_MASK) >> (16 * i)                  # the register's four 3-bit codes
+            sign = word & fmt.SIGN_MASK if i == 0 else (word << 4) & fmt.SIGN_MASK
+            for e in range(4):
+                code = (sel >> (4 * e)) & 7                          # prmt: byte e from table entry `code`
+                out = torch.gather(table, -1, code.unsqueeze(-1)).squeeze(-1) | ((sign >> (8 * e)) & 0x80)
+                _place(got, out, rows, 32 * kblk + 16 * h + 4 * (lane % 4) + e)
+    assert (got >= 0).all()
+    np.testing.assert_array_equal(got, w8_want.astype(np.int64))
+
+
+def test_lut_form_constants_are_the_e2m1_magnitudes():
+    pytest.importorskip("cutlass")
+    from svdq_kernels.sm90_fp8_ptx import MAG_F16X2
+    halves = [(v >> (16 * i)) & 0xFFFF for v in MAG_F16X2 for i in range(2)]
+    assert torch.tensor(halves, dtype=torch.int32).to(torch.int16).view(torch.float16).tolist() == list(_MAGS)
 
 
 def test_bad_dims_and_nan_scales_are_refused():
