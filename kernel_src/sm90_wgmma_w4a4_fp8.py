@@ -126,10 +126,11 @@ DEFAULT_FORMS = (
     # 216 rows: whole waves at M = 4608, 1.3-2.0 % faster than 224 at all six FLUX shapes there (H100, session 31).
     # lut: the producer also writes the weights' byte tables, so the MMA warps decode a word by two byte permutes;
     # 1.1-3.0 % faster than staged at 216 rows and 2.6-7.6 % at 256 at all six M = 4608 shapes, no slower beyond
-    # 0.4 % at M = 1024 (H100, session 32)
-    {"tiles": [[216, 128, 128], [224, 128, 128], [256, 128, 128]], "wsets": [4], "weights": ["lut"]},
-    # the 256-row tile at ranks 48-80 staged: with the tables it spills at 48 and 80 and overflows SMEM at 64
-    {"tiles": [[256, 128, 128]], "wsets": [4], "weights": ["staged"], "ranks": [48, 64, 80]},
+    # 0.4 % at M = 1024 (H100, session 32).  Shipped where it has run on a GPU (216 and 256 rows at ranks 0 and 32,
+    # session 32); staged serves the 224-row tile and the other ranks (staged ran at all of them, sessions 29-31).
+    {"tiles": [[216, 128, 128], [256, 128, 128]], "wsets": [4], "weights": ["lut"], "ranks": [0, 32]},
+    {"tiles": [[224, 128, 128]], "wsets": [4], "weights": ["staged"]},
+    {"tiles": [[216, 128, 128], [256, 128, 128]], "wsets": [4], "weights": ["staged"], "ranks": [16, 48, 64, 80]},
 )
 
 
