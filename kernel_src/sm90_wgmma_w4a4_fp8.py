@@ -77,7 +77,7 @@ _MAX_STAGED_RANK = 80
 #: with weights lut (the tables beside the words) the 256-row tile does not build well at ranks 48-80 (CPU, session 32):
 #: rank -> why; the staged 256-row form serves those ranks (DEFAULT_FORMS)
 _LUT_256_REFUSED = {48: "a 32-byte stack frame", 80: "a 32-byte stack frame",
-                    64: "four stages need more SMEM than an SM has (three fit, and are not faster than staged's four)"}
+                    64: "four stages need more SMEM than an SM has (three would fit; staged builds four)"}
 
 #: A grid-fill estimate (`svdq_loader.select_rules.Fill`: waves x per-CTA k-steps x tile area x factor), then the
 #: deeper ring, the more raw weight sets, and the register form before the staged one.  The factors are the time per
