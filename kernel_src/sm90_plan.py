@@ -78,7 +78,7 @@ def k_tile(cfg: _Cfg) -> int:
 #: The FP8-compute mode's forms: the warp-specialised images schedule (its activations arrive as E4M3 stage images,
 #: so the producer only copies) with two MMA warpgroups, whole tiles (``ws``) or equal ranges of (tile, k-tile
 #: group) units whose split tiles meet in the workspace past the E4M3 image (``ws_streamk``, bf16 output and weights
-#: regs or staged: session 32).  Split K and the 192-row tile are not built for it.
+#: regs, staged or lut: session 32).  Split K and the 192-row tile are not built for it.
 FP8_SCHEDULES = ("ws", "ws_streamk")
 
 
@@ -352,7 +352,7 @@ def _fp8_problem(cfg: _Cfg) -> Optional[str]:
     if is_streamk(cfg) and (fp8_promotes(cfg) or cfg.weights == "smem"):
         return (f"schedule ws_streamk with out_dtype {cfg.out_dtype} and weights {cfg.weights}: the FP8-compute "
                 f"stream-K form meets with the fp32 accumulators in registers, so it is built for bf16 output "
-                f"(fp16's sums are promoted into SMEM) and weights regs or staged")
+                f"(fp16's sums are promoted into SMEM) and weights regs, staged or lut")
     return None
 
 

@@ -49,7 +49,7 @@ def test_families_are_registered_with_their_ops():
     (dict(tile_k=64), ["tile_k 64"]),
     (dict(schedule="ws_splitk2"), ["schedule 'ws_splitk2'"]),
     (dict(schedule="ws_streamk", out_dtype="fp16"), ["schedule ws_streamk with out_dtype fp16", "bf16 output"]),
-    (dict(schedule="ws_streamk", weights="smem"), ["schedule ws_streamk", "weights smem", "regs or staged"]),
+    (dict(schedule="ws_streamk", weights="smem"), ["schedule ws_streamk", "weights smem", "regs, staged or lut"]),
 ])
 def test_invalid_forms_are_refused_with_the_reason(kw, words):
     reason = fam.invalid_reason(ARCH, knobs(**kw))
