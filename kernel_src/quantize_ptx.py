@@ -41,6 +41,10 @@ def _ld_v4(addr, side=False):
                 (Int32, Int32, Int32, Int32), [addr], "=r,=r,=r,=r,l", side)
 
 
+def _ld_v2(addr, side=False):
+    return _asm(f"ld.global.nc{_X_HINT}.v2.u32 {{$0, $1}}, [$2];", (Int32, Int32), [addr], "=r,=r,l", side)
+
+
 def _ld_pred_u32(addr, pred, dflt):
     """ld.global.nc.u32 when pred != 0, else the constant dflt."""
     return _asm("{\n.reg .pred p;\nsetp.ne.u32 p, $2, 0;\nmov.u32 $0, " + str(dflt) + ";\n"
@@ -246,6 +250,10 @@ def _cp_wait(n: int):
 
 def _sts_v2(saddr, a, b):
     _asm("st.shared.v2.f32 [$0], {$1, $2};", (), [saddr, a, b], "r,f,f")
+
+
+def _sts_v4(saddr, a, b, c, d):
+    _asm("st.shared.v4.b32 [$0], {$1, $2, $3, $4};", (), [saddr, a, b, c, d], "r,r,r,r,r")
 
 
 def _sts_f(saddr, a):

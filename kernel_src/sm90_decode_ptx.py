@@ -165,24 +165,6 @@ def _lds_v4u(saddr, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def _sts_v4u(saddr, a, b, c, d, *, loc=None, ip=None):
-    """st.shared.v4.b32 of four 32-bit words at the 32-bit shared address `saddr`."""
-    llvm.inline_asm(None, [Int32(saddr).ir_value()] + [Int32(x).ir_value() for x in (a, b, c, d)],
-                    "st.shared.v4.b32 [$0], {$1, $2, $3, $4};", "r,r,r,r,r", has_side_effects=True,
-                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-
-
-@dsl_user_op
-def _ldg_v2u(gaddr, *, loc=None, ip=None):
-    """Two 32-bit words at the 64-bit global address `gaddr` (``ld.global.nc``: read-only for the kernel's life)."""
-    from cutlass._mlir import ir
-    st = ir.Type.parse("!llvm.struct<(i32,i32)>")
-    r = llvm.inline_asm(st, [Int64(gaddr).ir_value()], "ld.global.nc.v2.u32 {$0, $1}, [$2];", "=r,=r,l",
-                        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-    return [Int32(llvm.extractvalue(Int32.mlir_type, r, [i])) for i in range(2)]
-
-
-@dsl_user_op
 def _st_v4f(gaddr, a, b, c, d, *, loc=None, ip=None):
     """st.global.v4.f32 at the 64-bit global address `gaddr` (a stream-K meeting's slot write)."""
     llvm.inline_asm(None, [Int64(gaddr).ir_value()] + [Float32(x).ir_value() for x in (a, b, c, d)],

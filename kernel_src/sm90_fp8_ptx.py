@@ -5,7 +5,8 @@ The steps are the ones `svdq_loader.ops.sm90_fp8_weight_format` states and its C
 ``e2m1_e4m3_regs`` gives the four exact E4M3 values of each of a word's two registers; ``round_scaled`` converts
 one register's four values to fp16 (exact), multiplies them by the block's fp16 ``scale · r`` (exact: the products
 have at most 6 significant bits and lie between 2⁻¹⁶ and 448) and rounds each once to E4M3
-(``cvt.rn.satfinite``)."""
+(``cvt.rn.satfinite``).  The ``lut`` weights form does that rounding once per row and 16-k group for the eight E2M1
+magnitudes (``lut_pair``, a byte table) and decodes a register by one byte permute of it (``lut_reg``)."""
 from __future__ import annotations
 
 from cutlass import Float32, Int32
@@ -13,6 +14,8 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
 from svdq_loader.ops.sm90_fp8_weight_format import E2M1_E4M3_LUT, MAG_MASK, SIGN_MASK
+
+from . import quantize_ptx
 
 
 def _asm(ins, text, cons):
@@ -68,14 +71,9 @@ LUT_PAIR_PTX = ("{\n\t.reg .b32 c, p;\n\t.reg .b16 q0, q1, q2, q3;\n\t" + "".joi
     for i, v in enumerate(MAG_F16X2)) + "mov.b32 $0, {q0, q1};\n\tmov.b32 $1, {q2, q3};\n\t}")
 
 
-@dsl_user_op
-def lut_pair(mult2, *, loc=None, ip=None):
+def lut_pair(mult2):
     """(codes 0-3, codes 4-7) of the byte table for the broadcast fp16x2 multiplier `mult2` (`LUT_PAIR_PTX`)."""
-    from cutlass._mlir import ir
-    st = ir.Type.parse("!llvm.struct<(i32,i32)>")
-    r = llvm.inline_asm(st, [Int32(mult2).ir_value()], LUT_PAIR_PTX, "=r,=r,r", has_side_effects=False,
-                        is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-    return [Int32(llvm.extractvalue(Int32.mlir_type, r, [i])) for i in range(2)]
+    return quantize_ptx._asm(LUT_PAIR_PTX, (Int32, Int32), [Int32(mult2)], "=r,=r,r")
 
 
 ROUND_SCALED_PTX = ("{\n\t.reg .b16 l, h, ol, oh;\n\t.reg .b32 fl, fh;\n\tmov.b32 {l, h}, $1;\n\t"
@@ -159,14 +157,9 @@ RA_OF_MAX_PTX = ("{\n\t.reg .b16 h, hl, hh;\n\t.reg .b32 x, pb;\n\t.reg .f32 s, 
                  "mov.b32 $0, pb;\n\tsub.s32 $1, 0x7F000000, pb;\n\t}")
 
 
-@dsl_user_op
-def ra_of_max(max_byte, *, loc=None, ip=None):
+def ra_of_max(max_byte):
     """(bits of ra, bits of 1 / ra) for a row whose largest scale byte is `max_byte` (`RA_OF_MAX_PTX`)."""
-    from cutlass._mlir import ir
-    st = ir.Type.parse("!llvm.struct<(i32,i32)>")
-    r = llvm.inline_asm(st, [Int32(max_byte).ir_value()], RA_OF_MAX_PTX, "=r,=r,r", has_side_effects=False,
-                        is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-    return [Int32(llvm.extractvalue(Int32.mlir_type, r, [i])) for i in range(2)]
+    return quantize_ptx._asm(RA_OF_MAX_PTX, (Int32, Int32), [Int32(max_byte)], "=r,=r,r")
 
 
 @dsl_user_op

@@ -49,7 +49,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
 from .quantize_ptx import (_asm, _cp_async4 as _cp4, _cp_async16_cg as _cp16, _cp_commit, _cp_wait, _lds_u32, _lds_v4,
-                           _mma)
+                           _mma, _sts_v4)
 from .sm90_plan import GEMV_CHUNK, gemv_layout, gemv_ring_next, gemv_ring_start
 from .sm90_decode_ptx import (_adecode_prmt, _bcast, _byte_form, _ld_cluster_v4f, _scales_x128, _sts_v4f, _wdecode,
                               weight_scales_x128)
@@ -94,10 +94,6 @@ def _cp8(saddr, gaddr):
 
 def _lds_v2(saddr):
     return _asm("ld.shared.v2.u32 {$0, $1}, [$2];", (Int32,) * 2, [saddr], "=r,=r,r", True)
-
-
-def _sts_v4(saddr, a, b, c, d):
-    _asm("st.shared.v4.b32 [$0], {$1, $2, $3, $4};", (), [saddr, a, b, c, d], "r,r,r,r,r")
 
 
 def _ldsm_x4(saddr):

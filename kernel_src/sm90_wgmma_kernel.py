@@ -111,9 +111,8 @@ except ImportError:  # older DSL
     from cutlass.utils import LayoutEnum
 
 from .sm90_decode_act import image_rows_dsl
-from .sm90_decode_ptx import (_adecode, _adecode_prmt, _bcast, _bulk_g2s, _byte_form, _ld_cluster_v4f, _ldg_v2u,
-                              _lds_v4f, _lds_v4u, _scales_x128, _ld_relaxed_v4f, _st_v4f, _sts_v4f, _sts_v4u, _wdecode,
-                              weight_scales_x128)
+from .sm90_decode_ptx import (_adecode, _adecode_prmt, _bcast, _bulk_g2s, _byte_form, _ld_cluster_v4f, _lds_v4f,
+                              _lds_v4u, _scales_x128, _ld_relaxed_v4f, _st_v4f, _sts_v4f, _wdecode, weight_scales_x128)
 from .sm90_epilogue_ptx import pair_blocks, store_yt_pairs
 from .sm90_fp8_ptx import block_mults, e2m1_e4m3_reg, f16x2_of, lut_pair, lut_reg, round_scaled
 from .sm90_plan import (FP8_PROMOTE_KTILES, FP8_RAW_WORD_BYTES, TILE_K, THREADS, _Cfg,
@@ -122,7 +121,7 @@ from .sm90_plan import (FP8_PROMOTE_KTILES, FP8_RAW_WORD_BYTES, TILE_K, THREADS,
                         fp8_weight_store_offset, frag_buffers, k_tile, mma_warpgroups, ws_regs, _smem_plan, is_streamk,
                         is_ws, k_unroll, ksplit_of, ring_aligned, ring_in_step, ring_prev_stage, ring_slot, ring_step,
                         split_k_share, threads_of)
-from .quantize_ptx import _arrive, _fence_gpu, _lds_u32, _st_u64, _sts_u32, _wait_arrivals
+from .quantize_ptx import _arrive, _fence_gpu, _ld_v2, _lds_u32, _st_u64, _sts_u32, _sts_v4, _wait_arrivals
 from svdq_loader.ops.gemm_streamk import segment as streamk_segment
 from svdq_loader.ops.ranges import cta_of_unit, range_start, slot_index, workspace_counter_bytes
 
@@ -375,16 +374,38 @@ class _Sm90Wgmma:
             cute.autovec_copy(cute.local_tile(mWq, (self.wwords,), (blk * 128 + lane_t,)), wraw[a])
             cute.autovec_copy(cute.local_tile(mWs, (self.swords,), (blk * 32 + lane_t // 4,)), wsc[a])
 
-    def _lds_w(self, raddr, lane_t, wraw, wsc):
-        """staged raw weights (FP8): thread `lane_t`'s eight words and its quad's four scale words of one 64-row
-        block's k-tile, from the stage bytes at shared address `raddr` (the fragment format's order)."""
+    def _lds_words(self, raddr, lane_t, wraw):
+        """staged / lut weights (FP8): thread `lane_t`'s eight words of one 64-row block's k-tile, from the stage
+        bytes at shared address `raddr` (the fragment format's order)."""
         for h in range(2):
             v = _lds_v4u(raddr + lane_t * 32 + 16 * h)
             for i in range(4):
                 wraw[4 * h + i] = v[i]
+
+    def _lds_w(self, raddr, lane_t, wraw, wsc):
+        """staged raw weights (FP8): thread `lane_t`'s eight words and its quad's four scale words of one 64-row
+        block's k-tile, from the stage bytes at shared address `raddr` (the fragment format's order)."""
+        self._lds_words(raddr, lane_t, wraw)
         v = _lds_v4u(raddr + FP8_RAW_WORD_BYTES + (lane_t // 4) * 16)
         for i in range(4):
             wsc[i] = v[i]
+
+    def _copy_stage(self, bars, stage, sbase, gbase, mp, m0, n0, ka, num_kt, p_wgt, p_wsc, n):
+        """Thread 0 of an images producer: k-tile `ka`'s image rows (tile_m rows of 128 bytes from `gbase`, whose
+        image has `mp` rows) into `stage`, counted as transaction bytes on its full barrier; with staged or lut
+        weights also each 64-row block's raw words (8 per thread of the fragment format) and, staged, its scales."""
+        TB, WW = self.tm * TILE_K * 2, FP8_RAW_WORD_BYTES
+        SW = self.rb - WW if self.staged and not self.lut else 0
+        cute.arch.mbarrier_arrive_and_expect_tx(bars + stage, TB + self.mwg * (WW + SW) if self.staged else TB)
+        src = gbase + (Int64(ka) * mp + m0) * (TILE_K * 2)
+        _bulk_g2s(sbase + stage * TB, src, TB, (bars + stage).toint())
+        if self.staged:
+            for b in range(self.mwg):
+                blk = Int64((n0 // 64 + b) * num_kt + ka)
+                dst = sbase + self.plan["w_offset"] + (stage * self.mwg + b) * self.rb
+                _bulk_g2s(dst, p_wgt.toint() + blk * WW, WW, (bars + stage).toint())
+                if SW:
+                    _bulk_g2s(dst + WW, p_wsc.toint() + Int64(n) * 4 + blk * SW, SW, (bars + stage).toint())
 
     def _staged_fragments(self, fragw, raddr, lane_t, wraw, wsc, r2):
         """staged / lut weights (FP8): thread `lane_t`'s fragments of one 64-row block's k-tile from its stage bytes
@@ -394,10 +415,7 @@ class _Sm90Wgmma:
             self._lds_w(raddr, lane_t, wraw[0], wsc[0])
             self._decode_w(fragw, wraw, wsc, r2)
             return
-        for h in range(2):
-            v = _lds_v4u(raddr + lane_t * 32 + 16 * h)
-            for i in range(4):
-                wraw[0][4 * h + i] = v[i]
+        self._lds_words(raddr, lane_t, wraw[0])
         tq = raddr + FP8_RAW_WORD_BYTES + (lane_t // 4) * 16
         for kb in range(self.ktile // self.kstep):
             for h in range(2):
@@ -661,7 +679,6 @@ class _Sm90Wgmma:
         elif wg == 0 and cutlass.const_expr(self.images):
             # ---- producer (act_source images): one thread bulk-copies each k-tile's image rows ----------
             cute.arch.setmaxregister_decrease(ws_regs(self.cfg)[1])
-            TB = tm * TILE_K * 2                         # bytes of one stage = tm image rows of 128 bytes
             if cutlass.const_expr(self.lut):
                 # lut weights: thread 0 bulk-copies each k-tile's activation image rows and both blocks' raw words
                 # into the stage (as staged, without the scales); every thread writes the byte tables of block
@@ -687,23 +704,17 @@ class _Sm90Wgmma:
                     r2 = f16x2_of(mRw[row], mRw[row + 8])
                     for kt in cutlass.range(0, nk_t, unroll=1):
                         ka = _k(kabs_t, kt)
-                        sc = _ldg_v2u(sgl + Int64((n0 // 64 + b) * num_kt + ka) * 512)
+                        sc = _ld_v2(sgl + Int64((n0 // 64 + b) * num_kt + ka) * 512, True)
                         stage, par = ring_slot(g0 + kt, S)
                         cute.arch.mbarrier_wait(bars + S + stage, par ^ 1)
                         if tidx == 0:
-                            cute.arch.mbarrier_arrive_and_expect_tx(bars + stage, TB + self.mwg * WW)
-                            src = gbase + (Int64(ka) * mp + m0) * (TILE_K * 2)
-                            _bulk_g2s(sbase + stage * TB, src, TB, (bars + stage).toint())
-                            for bb in cutlass.range_constexpr(self.mwg):
-                                blk = Int64((n0 // 64 + bb) * num_kt + ka)
-                                dst = sbase + self.plan["w_offset"] + (stage * self.mwg + bb) * RB
-                                _bulk_g2s(dst, p_wgt.toint() + blk * WW, WW, (bars + stage).toint())
+                            self._copy_stage(bars, stage, sbase, gbase, mp, m0, n0, ka, num_kt, p_wgt, p_wsc, n)
                         tb = sbase + self.plan["w_offset"] + (stage * self.mwg + b) * RB + WW + q * 16
                         for gi in cutlass.range_constexpr(4):
                             mult = block_mults(sc[gi // 2], gi % 2, r2)
                             l0 = lut_pair(_bcast(mult, 0))
                             l1 = lut_pair(_bcast(mult, 1))
-                            _sts_v4u(tb + (4 * j + gi) * 512, l0[0], l0[1], l1[0], l1[1])
+                            _sts_v4(tb + (4 * j + gi) * 512, l0[0], l0[1], l1[0], l1[1])
                         cute.arch.mbarrier_arrive(bars + stage)
             elif tidx == 0:
                 sbase = base.toint()
@@ -711,7 +722,6 @@ class _Sm90Wgmma:
                 mp = Int64(image_rows_dsl(m))
                 if cutlass.const_expr(self.fp8):
                     gbase = gbase + mp * 4                  # past 1 / ra (float32 per image row)
-                RB = self.rb
                 for tile in cutlass.range(t0, tend, tstep, unroll=1):
                     m0 = (tile // tiles_n) * tm
                     n0 = (tile - (tile // tiles_n) * tiles_n) * tn
@@ -719,21 +729,8 @@ class _Sm90Wgmma:
                     for kt in cutlass.range(0, nk_t, unroll=1):
                         stage, par = ring_slot(g0 + kt, S)
                         cute.arch.mbarrier_wait(bars + S + stage, par ^ 1)
-                        if cutlass.const_expr(self.staged):
-                            cute.arch.mbarrier_arrive_and_expect_tx(bars + stage, TB + self.mwg * RB)
-                        else:
-                            cute.arch.mbarrier_arrive_and_expect_tx(bars + stage, TB)
-                        src = gbase + (Int64(_k(kabs_t, kt)) * mp + m0) * (TILE_K * 2)
-                        _bulk_g2s(sbase + stage * TB, src, TB, (bars + stage).toint())
-                        if cutlass.const_expr(self.staged):
-                            # each 64-row block's words (8 per thread of the fragment format) and scales
-                            for b in cutlass.range_constexpr(self.mwg):
-                                blk = Int64((n0 // 64 + b) * num_kt + _k(kabs_t, kt))
-                                dst = sbase + self.plan["w_offset"] + (stage * self.mwg + b) * RB
-                                WW, SW = FP8_RAW_WORD_BYTES, RB - FP8_RAW_WORD_BYTES
-                                _bulk_g2s(dst, p_wgt.toint() + blk * WW, WW, (bars + stage).toint())
-                                _bulk_g2s(dst + WW, p_wsc.toint() + Int64(n) * 4 + blk * SW, SW,
-                                          (bars + stage).toint())
+                        self._copy_stage(bars, stage, sbase, gbase, mp, m0, n0, _k(kabs_t, kt), num_kt, p_wgt,
+                                         p_wsc, n)
             if cutlass.const_expr(KS > 1):
                 cute.arch.cluster_arrive()
                 cute.arch.cluster_wait()

@@ -297,7 +297,7 @@ class Library:
         if ln is None:
             ln = self._resolve(op, ordinal, feats, dims, _capturing())
         if e4m3:
-            ln = ln.workspace_gemm(op)
+            ln = ln.workspace_gemm()
         args[_GEMM_SMS] = self._sms[ordinal]
         args[_GEMM_STREAM] = _current_stream(ordinal)
         _launch_in_primary(ln, args)

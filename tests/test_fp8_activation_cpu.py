@@ -79,8 +79,8 @@ def test_the_gemm_takes_an_e4m3_activation_with_no_scales(monkeypatch):
 def test_the_images_launcher_gives_its_gemm_alone_with_its_extra_workspace():
     gemm = type("L", (), {"name": "g", "device": None})()
     names = gemm_op.SPEC.arg_names
-    assert decode_act.ImagesLauncher(None, gemm, names).workspace_gemm("gemm_w4a4_fp8") is gemm
-    alone = decode_act.ImagesLauncher(None, gemm, names, extra=lambda *a: 0).workspace_gemm("gemm_w4a4_fp8")
+    assert decode_act.ImagesLauncher(None, gemm, names).workspace_gemm() is gemm
+    alone = decode_act.ImagesLauncher(None, gemm, names, extra=lambda *a: 0).workspace_gemm()
     assert isinstance(alone, decode_act.MeetingsLauncher) and alone.gemm is gemm and alone.name == "g"
 
 

@@ -139,7 +139,8 @@ def test_the_fp8_mode_meets_in_a_workspace_of_its_own_k_tiles():
     at = -(-act_fp8.workspace_bytes(m, k) // D.MEET_ALIGN) * D.MEET_ALIGN
     assert sizes == [at + need]
     assert gemm.calls[0][names.index("ascales")] == WORKSPACE_PTR + at
-    alone = ln.workspace_gemm("gemm_w4a4_fp8")              # an E4m3Act call: the GEMM alone, its meetings apart
+    alone = ln.workspace_gemm()              # an E4m3Act call: the GEMM alone, its meetings apart
+    assert ln.workspace_gemm() is alone      # made once with the launcher, not per call
     assert alone.name == "gemm" and alone.gemm is gemm
     sizes_alone = stub_workspaces(alone)
     a = list(args)

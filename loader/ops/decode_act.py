@@ -167,22 +167,22 @@ class ImagesLauncher(PerCallWorkspace):
         self._stream = gemm_arg_names.index("stream")
         self._act, self._asc = gemm_arg_names.index("act"), gemm_arg_names.index("ascales")
         self._extra = extra
+        self._alone = gemm
         if extra is not None:
             self._n, self._sms = gemm_arg_names.index("n"), gemm_arg_names.index("sm_count")
+            self._alone = MeetingsLauncher(self)
 
-    def workspace_gemm(self, op: str):
+    def workspace_gemm(self):
         """The GEMM alone, for a call whose activation already is this pre-pass's workspace (an
         ``act_fp8.E4m3Act``): its own launcher, or, where it needs more workspace (`extra`), a launcher that takes
-        that per call and passes it as ``ascales``."""
-        if self._extra is None:
-            return self.gemm
-        return MeetingsLauncher(self)
+        that per call and passes it as ``ascales`` (made once, with this launcher)."""
+        return self._alone
 
     def launch(self, args) -> None:
         m, k = args[self._m], args[self._k]
         nbytes = self._nbytes(m, k)
-        at = -(-nbytes // MEET_ALIGN) * MEET_ALIGN
         if self._extra is not None:
+            at = -(-nbytes // MEET_ALIGN) * MEET_ALIGN
             nbytes = at + self._extra(m, args[self._n], k, args[self._sms])
         ws = self._alloc(nbytes)
         p = ws.data_ptr()
