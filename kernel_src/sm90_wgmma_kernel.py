@@ -852,9 +852,16 @@ class _Sm90Wgmma:
                         warpgroup.commit_group()
                         ws_ = (u + 1) % W
                         nbuf = 0 if self.wsmem else self.nbuf
-                        if cutlass.const_expr(nbuf == 3):
+                        if cutlass.const_expr(nbuf == 3 and self.staged):
                             # three buffers: k-tile kt+1's takes k-tile kt-2's buffer, whose wgmmas are done
                             # (the last wait_group(1) retired kt-2), so its decode overlaps the MMAs of kt-1 and kt
+                            if kt + 1 < nk_t:
+                                st1, p1 = ring_slot(g + 1, S)
+                                cute.arch.mbarrier_wait(bars + st1, p1)
+                                self._staged_fragments(fragW[(u + 1) % nbuf], rawb + st1 * (self.mwg * self.rb),
+                                                       ctid % 128, wraw[0], wsc[0], r2)
+                        elif cutlass.const_expr(nbuf == 3):
+                            # (the same, from the raw weight set (u+1) mod W in registers)
                             self._decode_w(fragW[(u + 1) % nbuf], wraw[ws_], wsc[ws_], r2)
                             nxt = cutlass.min(kt + 1 + W, nk_t - 1)
                             self._load_w(mWq, mWs, wblk, num_kt, ctid, _k(kabs_t, nxt), wraw[ws_], wsc[ws_])

@@ -214,23 +214,25 @@ def test_the_emitted_weight_decode_ptx_is_the_formats_decode():
             assert _run_int_ptx(text, w) == fmt.decode_word(w)[high], (high, hex(w))
 
 
-def test_three_fragment_buffers_move_the_decode_off_the_critical_path(tmp_path, monkeypatch):
-    """SVDQ_KERNEL_SM90_FP8_BUFFERS=3 (an experiment build, not yet run): the MMA warps decode k-tile kt + 1 right
-    after issuing k-tile kt, into k-tile kt - 2's buffer.  At 208 rows it builds without a stack frame, the loop
-    step is six k-tiles (24 QGMMA; K a multiple of 768), and no full wgmma wait sits inside it; the 128-row tile
-    is refused with its measured stack frame."""
+@pytest.mark.parametrize("tile_m, weights, wsets, step", [(208, "regs", 2, 6), (216, "lut", 4, 12)])
+def test_three_fragment_buffers_move_the_decode_off_the_critical_path(tmp_path, monkeypatch, tile_m, weights, wsets,
+                                                                       step):
+    """SVDQ_KERNEL_SM90_FP8_BUFFERS=3 (an experiment build): the MMA warps decode k-tile kt + 1 right after issuing
+    k-tile kt, into k-tile kt - 2's buffer (from raw registers, or from the stage's words and tables).  It builds
+    without a stack frame, the loop step is the lcm of three buffers and the unroll (six k-tiles at two raw sets,
+    twelve at four: K a multiple of 768 or 1536), and no full wgmma wait sits among the main loop's QGMMA; the
+    128-row tile is refused with its measured stack frame."""
     from svdq_kernels import sm90_plan
     monkeypatch.setattr(sm90_plan, "FP8_BUFFERS", 3)
     assert "8-byte stack frame" in fam.invalid_reason(ARCH, knobs(tile_m=128))
-    k = knobs(tile_m=208, rank=32)
+    k = knobs(tile_m=tile_m, rank=32, weights=weights, wsets=wsets)
     assert fam.invalid_reason(ARCH, k) is None
-    assert fam.requirements(ARCH, k) == {"n_multiple": 128, "k_multiple": 768}
+    assert fam.requirements(ARCH, k) == {"n_multiple": 128, "k_multiple": step * 128}
     name = GEMM_W4A4_FP8.name_for(ARCH, k, fam.requirements(ARCH, k))
     ck = fam.compile(ARCH, k, name, str(tmp_path))
     assert ck.resource_usage[ck.kernel_symbols[0]]["stack_frame_bytes"] == 0
     sass = sass_of_cubin(ck.cubin, tmp_path)
-    main = min((lp for lp in loops(instructions(sass)) if lp["hmma"]), key=lambda lp: lp["instructions"])
-    assert main["hmma"] == 24
+    assert len(re.findall(r"QGMMA\.", sass)) == 4 * step
     ops = re.findall(r"(QGMMA\.\S+ R\d+, R\d+|WARPGROUP\.DEPBAR\.LE gsb0, 0x0)", sass)
     first = next(i for i, o in enumerate(ops) if o.startswith("QGMMA"))
     last = max(i for i, o in enumerate(ops) if o.startswith("QGMMA"))
