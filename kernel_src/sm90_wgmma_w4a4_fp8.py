@@ -126,11 +126,13 @@ DEFAULT_FORMS = (
     # 216 rows: whole waves at M = 4608, 1.3-2.0 % faster than 224 at all six FLUX shapes there (H100, session 31).
     # lut: the producer also writes the weights' byte tables, so the MMA warps decode a word by two byte permutes;
     # 1.1-3.0 % faster than staged at 216 rows and 2.6-7.6 % at 256 at all six M = 4608 shapes, no slower beyond
-    # 0.4 % at M = 1024 (H100, session 32).  Shipped where it has run on a GPU (216 and 256 rows at ranks 0 and 32,
-    # session 32); staged serves the 224-row tile and the other ranks (staged ran at all of them, sessions 29-31).
-    {"tiles": [[216, 128, 128], [256, 128, 128]], "wsets": [4], "weights": ["lut"], "ranks": [0, 32]},
-    {"tiles": [[224, 128, 128]], "wsets": [4], "weights": ["staged"]},
-    {"tiles": [[216, 128, 128], [256, 128, 128]], "wsets": [4], "weights": ["staged"], "ranks": [16, 48, 64, 80]},
+    # 0.4 % at M = 1024 (H100, session 32), and 1.6-3.9 % at 224 rows (H100, session 33).  lut wherever it has run
+    # (`configs/sm90_fp8_lut.yaml`'s selftest, session 33: 216 and 224 rows at ranks 0-64, 256 rows at 0-32);
+    # staged where lut is refused (256 rows at ranks 48-80) or has not run (rank 80).
+    {"tiles": [[216, 128, 128], [224, 128, 128]], "wsets": [4], "weights": ["lut"], "ranks": [0, 16, 32, 48, 64]},
+    {"tiles": [[256, 128, 128]], "wsets": [4], "weights": ["lut"], "ranks": [0, 16, 32]},
+    {"tiles": [[216, 128, 128], [224, 128, 128]], "wsets": [4], "weights": ["staged"], "ranks": [80]},
+    {"tiles": [[256, 128, 128]], "wsets": [4], "weights": ["staged"], "ranks": [48, 64, 80]},
 )
 
 
