@@ -104,12 +104,15 @@ def test_smoothing_factor_and_invariance():
         * layer.wcscale.double().numpy()[:, None]
     recon = layer.lora_up.double().numpy() @ layer.lora_down.double().numpy().T + deq
     assert np.linalg.norm(recon - ws.numpy()) / np.linalg.norm(ws.numpy()) < 0.1, SEED
-    # with activation outliers, smoothing lowers the layer's error against the float64 linear
+    # with activation outliers, smoothing lowers the error of the quantized weight against the float64 linear: at
+    # rank 0, where the 4-bit weight carries it all, to 0.45x or less on 300 random seeds (at rank 32 the SVD branch
+    # absorbs most of this low-rank weight, and smoothing's gain there is within the seeds' spread: 10 of 300 lose)
     y = x.double() @ lin.weight.double().T + lin.bias.double()
-    plain = W4A4Linear.from_linear(lin, rank=32)
-    e_s = float((layer.reference(x) - y).norm() / y.norm())
+    smoothed = W4A4Linear.from_linear(lin, rank=0, act_amax=amax)
+    plain = W4A4Linear.from_linear(lin, rank=0)
+    e_s = float((smoothed.reference(x) - y).norm() / y.norm())
     e_p = float((plain.reference(x) - y).norm() / y.norm())
-    assert e_s < e_p, (e_s, e_p, SEED)
+    assert e_s < 0.6 * e_p, (e_s, e_p, SEED)
 
 
 def test_svd_branch_lowers_the_error_of_a_low_rank_weight():
