@@ -82,7 +82,8 @@ def k_tile(cfg: _Cfg) -> int:
 FP8_SCHEDULES = ("ws", "ws_streamk")
 
 
-#: The FP8-compute MMA warps' weight fragment buffers (an experiment, built and checked on the CPU, not yet run;
+#: The FP8-compute MMA warps' weight fragment buffers (an experiment: correct, and slower at 13 of 15 points on an H100,
+#: session 33;
 #: ``SVDQ_KERNEL_SM90_FP8_BUFFERS``, which like every ``SVDQ_KERNEL_*`` switch enters the build cache key and the
 #: manifest): 2, the default, decodes k-tile kt + 1 after k-tile kt - 1's wgmmas are done (its buffer is the one kt + 1
 #: takes), so the decode sits between two k-tiles' MMAs; 3 decodes it right after k-tile kt's wgmmas are issued, into
