@@ -424,6 +424,13 @@ class _Sm90Wgmma:
                 for i in range(2):
                     fragw[2 * h + i + 4 * kb] = lut_reg(word, t[2 * i], t[2 * i + 1], i)
 
+    def _staged_kt(self, fragw, bars, g, rawb, lane_t, wraw, wsc, r2):
+        """staged / lut weights (FP8): wait for the stage of ring index `g` to fill, then `_staged_fragments` of it
+        (`rawb`: this warpgroup's block in stage 0)."""
+        stage, par = ring_slot(g, self.stages)
+        cute.arch.mbarrier_wait(bars + stage, par)
+        self._staged_fragments(fragw, rawb + stage * (self.mwg * self.rb), lane_t, wraw, wsc, r2)
+
     def _store_act(self, sA, stage, rows, kcs, valid, raw, rsc, deq, only=None):
         if self.fp8:
             return      # traced in the decoding producer's branch, which an images form never runs
@@ -813,10 +820,7 @@ class _Sm90Wgmma:
                     # the first k-tile's raw bytes: wait for its stage, read them, decode
                     r2 = None if self.lut else self._fp8_rw_pairs(p_wsc, n, n0, ctid, cwg)
                     rawb = base.toint() + self.plan["w_offset"] + cwg * self.rb
-                    st0, p0 = ring_slot(g0, S)
-                    cute.arch.mbarrier_wait(bars + st0, p0)
-                    self._staged_fragments(fragW[0], rawb + st0 * (self.mwg * self.rb), ctid % 128, wraw[0],
-                                           wsc[0], r2)
+                    self._staged_kt(fragW[0], bars, g0, rawb, ctid % 128, wraw[0], wsc[0], r2)
                 elif cutlass.const_expr(not self.wsmem):
                     r2 = self._fp8_rw_pairs(p_wsc, n, n0, ctid, cwg) if self.fp8 else None
                     for j in cutlass.range_constexpr(W):
@@ -856,10 +860,8 @@ class _Sm90Wgmma:
                             # three buffers: k-tile kt+1's takes k-tile kt-2's buffer, whose wgmmas are done
                             # (the last wait_group(1) retired kt-2), so its decode overlaps the MMAs of kt-1 and kt
                             if kt + 1 < nk_t:
-                                st1, p1 = ring_slot(g + 1, S)
-                                cute.arch.mbarrier_wait(bars + st1, p1)
-                                self._staged_fragments(fragW[(u + 1) % nbuf], rawb + st1 * (self.mwg * self.rb),
-                                                       ctid % 128, wraw[0], wsc[0], r2)
+                                self._staged_kt(fragW[(u + 1) % nbuf], bars, g + 1, rawb, ctid % 128, wraw[0],
+                                                wsc[0], r2)
                         elif cutlass.const_expr(nbuf == 3):
                             # (the same, from the raw weight set (u+1) mod W in registers)
                             self._decode_w(fragW[(u + 1) % nbuf], wraw[ws_], wsc[ws_], r2)
@@ -882,10 +884,7 @@ class _Sm90Wgmma:
                         if cutlass.const_expr(nbuf == 2 and self.staged):
                             # k-tile kt+1's raw bytes from its stage -> fragments 1-half
                             if kt + 1 < nk_t:
-                                st1, p1 = ring_slot(g + 1, S)
-                                cute.arch.mbarrier_wait(bars + st1, p1)
-                                self._staged_fragments(fragW[1 - half], rawb + st1 * (self.mwg * self.rb),
-                                                       ctid % 128, wraw[0], wsc[0], r2)
+                                self._staged_kt(fragW[1 - half], bars, g + 1, rawb, ctid % 128, wraw[0], wsc[0], r2)
                         elif cutlass.const_expr(nbuf == 2):
                             # k-tile kt+1 (raw set (u+1) mod W) -> fragments 1-half; then k-tile kt+1+W into that set
                             self._decode_w(fragW[1 - half], wraw[ws_], wsc[ws_], r2)

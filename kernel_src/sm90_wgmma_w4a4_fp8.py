@@ -229,8 +229,8 @@ def invalid_reason(arch: str, knobs: dict) -> Optional[str]:
                 f"32); weights staged build it, and lut builds 216 and 224 rows up to rank {_MAX_STAGED_RANK}")
     if tm > 128 and rank > _MAX_STAGED_RANK and cfg.weights in ("staged", "lut"):
         return (f"tile_m {tm} at rank {rank} with weights {cfg.weights}: {tm // 2} accumulators beside a LoRA of "
-                f"more than {_MAX_STAGED_RANK} keep a stack frame (measured on the CPU, session 29: rank 96 at 208, 224 and 256 "
-                f"rows, session 31: 216 rows); the 128-row tile builds at every rank")
+                f"more than {_MAX_STAGED_RANK} keep a stack frame (measured on the CPU, session 29: rank 96 at 208, "
+                f"224 and 256 rows, session 31: 216 rows); the 128-row tile builds at every rank")
     return _problem(cfg)
 
 
