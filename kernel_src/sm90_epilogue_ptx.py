@@ -9,12 +9,20 @@ at row L // 4, columns 2·(L % 4) and + 1 of the transpose: two neighbouring n o
 store then writes both, and a warp's store covers 8 output rows x 16 contiguous bytes, where the 16-bit stores
 covered 4 rows x 16 bytes with twice the instructions.  The rounding is the one the 16-bit path had: RNE from fp32,
 one value at a time (``cvt.rn.bf16x2.f32`` / ``cvt.rn.f16x2.f32`` round each half independently).
+
+**Quads (``SVDQ_KERNEL_SM90_STORE``: ``quads``, the default, or ``pairs``; ``sm90_plan.STORE``).**  A warp's
+32-bit store fills half of each 32-byte sector it touches.  The two transposed words of one 8-column block (row
+halves h = 0 and 1) hold output columns ``2·(lane % 4)`` + {0, 1} and 8 more of row ``g``; one butterfly shuffle between lanes ``L`` and ``L ^ 1`` leaves
+each lane four neighbouring columns, ``8·(lane % 2) + 4·((lane % 4) // 2)`` + {0 .. 3}, and one 64-bit store per
+lane then fills whole sectors (8 rows x 32 bytes per warp) with half the store instructions.
 """
 from __future__ import annotations
 
 from cutlass import Float32, Int32, Int64
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
+
+from .sm90_plan import STORE
 
 
 @dsl_user_op
@@ -43,6 +51,22 @@ def _st_b32_pred(gaddr, word, pred, *, loc=None, ip=None):
                     has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
+@dsl_user_op
+def _st_quad_pred(gaddr, w0, w1, lane, pred, *, loc=None, ip=None):
+    """The quad exchange and store: lanes L and L ^ 1 swap one transposed word (the odd lane sends its h = 0
+    word, the even lane its h = 1 word), and each stores its four neighbouring columns as one st.global.v2.b32 at
+    `gaddr` where `pred` != 0.  The shuffle is unpredicated: every lane of the warp must execute it."""
+    llvm.inline_asm(None, [Int64(gaddr).ir_value(), Int32(w0).ir_value(), Int32(w1).ir_value(),
+                           Int32(lane).ir_value(), Int32(pred).ir_value()],
+                    "{\n\t.reg .pred p, odd;\n\t.reg .b32 t, s, r, lo, hi;\n\t"
+                    "and.b32 t, $3, 1;\n\tsetp.ne.u32 odd, t, 0;\n\t"
+                    "selp.b32 s, $1, $2, odd;\n\t"
+                    "shfl.sync.bfly.b32 r, s, 1, 31, -1;\n\t"
+                    "selp.b32 lo, r, $1, odd;\n\tselp.b32 hi, $2, r, odd;\n\t"
+                    "setp.ne.u32 p, $4, 0;\n\t@p st.global.v2.b32 [$0], {lo, hi};\n\t}", "l,r,r,r,r",
+                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
 def pair_blocks(atoms: int, tile_m: int) -> list[tuple[int, int, int]]:
     """The accumulator pairs of one MMA thread as (i, mb, nb): acc[i] and acc[i + 1] (i even) hold
     Yᵀ[nb + g, mb + 2·(lane % 4) + {0, 1}] relative to the thread's warp (its first weight row, the tile's first
@@ -59,6 +83,29 @@ def pair_target(m0, mb, nb, n_warp, lane):
     """(output row, first output column) the thread stores block (mb, nb)'s transposed pair to: row m0 + mb + g, columns
     n_warp + nb + 2·(lane % 4) and + 1.  Plain operators: the kernels call it on DSL integers, the CPU test on ints."""
     return m0 + mb + lane // 4, n_warp + nb + 2 * (lane % 4)
+
+
+def quad_target(m0, mb, nb, n_warp, lane):
+    """(output row, first of four output columns) a lane stores block (mb, nb)'s two row halves to after the quad
+    exchange (`nb` the h = 0 half's): row m0 + mb + g, columns n_warp + nb + 8·(lane % 2) + 4·((lane % 4) // 2) and
+    the next three.  Plain operators, like ``pair_target``."""
+    return m0 + mb + lane // 4, n_warp + nb + 8 * (lane % 2) + 4 * ((lane % 4) // 2)
+
+
+def store_yt(out_addr, n, m, m0, n_warp, lane, acc, blocks, dtype: str, store: str = ""):
+    """Store accumulator pairs of Yᵀ as output rows in the build's store form (`store`: ``pairs`` or ``quads``,
+    default ``sm90_plan.STORE``).  `blocks`: ``pair_blocks`` (quads take its h = 0 and h = 1 entries of each block
+    together)."""
+    if (store or STORE) == "pairs":
+        store_yt_pairs(out_addr, n, m, m0, n_warp, lane, acc, blocks, dtype)
+        return
+    for i, mb, nb in blocks:
+        if (i // 2) % 2:
+            continue                                    # the h = 1 half: stored with its h = 0 entry
+        w0 = _movm_t(_pack2(acc[i], acc[i + 1], dtype))
+        w1 = _movm_t(_pack2(acc[i + 2], acc[i + 3], dtype))
+        row, col = quad_target(m0, mb, nb, n_warp, lane)
+        _st_quad_pred(out_addr + (Int64(row) * n + col) * 2, w0, w1, lane, Int32(row < m))
 
 
 def store_yt_pairs(out_addr, n, m, m0, n_warp, lane, acc, blocks, dtype: str):

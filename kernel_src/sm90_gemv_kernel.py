@@ -53,7 +53,7 @@ from .quantize_ptx import (_asm, _cp_async4 as _cp4, _cp_async16_cg as _cp16, _c
 from .sm90_plan import GEMV_CHUNK, gemv_layout, gemv_ring_next, gemv_ring_start
 from .sm90_decode_ptx import (_adecode_prmt, _bcast, _byte_form, _ld_cluster_v4f, _scales_x128, _sts_v4f, _wdecode,
                               weight_scales_x128)
-from .sm90_epilogue_ptx import pair_blocks, store_yt_pairs
+from .sm90_epilogue_ptx import pair_blocks, store_yt
 
 PHASE_K = 128          # k per activation phase (two 64-k k-tiles)
 MAX_SPLIT = 8          # portable cluster size
@@ -565,7 +565,7 @@ class _Sm90Gemv:
             for i in range(self.nacc):
                 acc[i] = acc[i] + epf[2 + (i // 2) % 2]
         if early:
-            store_yt_pairs(p_out.toint(), n, m, m0, r0, lane, acc, pair_blocks(1, self.tm), self.dt)
+            store_yt(p_out.toint(), n, m, m0, r0, lane, acc, pair_blocks(1, self.tm), self.dt)
         else:
             # tile_m 64: 16-bit stores (the transposed pairs take it from 128 to 140 registers at rank 64, prefetch 2)
             ob = p_out.toint()

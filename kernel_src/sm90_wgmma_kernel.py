@@ -113,7 +113,7 @@ except ImportError:  # older DSL
 from .sm90_decode_act import image_rows_dsl
 from .sm90_decode_ptx import (_adecode, _adecode_prmt, _bcast, _bulk_g2s, _byte_form, _ld_cluster_v4f, _lds_v4f,
                               _lds_v4u, _scales_x128, _ld_relaxed_v4f, _st_v4f, _sts_v4f, _wdecode, weight_scales_x128)
-from .sm90_epilogue_ptx import pair_blocks, store_yt_pairs
+from .sm90_epilogue_ptx import pair_blocks, store_yt
 from .sm90_fp8_ptx import block_mults, e2m1_e4m3_reg, f16x2_of, lut_pair, lut_reg, round_scaled
 from .sm90_plan import (FP8_PROMOTE_KTILES, FP8_RAW_WORD_BYTES, TILE_K, THREADS, _Cfg,
                         _lora_chunk, _problem, fp8_lut_weights, fp8_promotes, fp8_raw_block_bytes, fp8_smem_weights,
@@ -1121,7 +1121,7 @@ class _Sm90Wgmma:
         (``sm90_epilogue_ptx``): acc[a·per_atom + 4j + 2h + e] is Yᵀ[n0 + 128a + 64·wg + 16·warp + 8h + g,
         m0 + 8j + 2·(lane % 4) + e], the wgmma C layout of each 64-row atom."""
         nw = n0 + wg * 64 + (tidx % 128) // 32 * 16
-        store_yt_pairs(p_out.toint(), n, m, m0, nw, tidx % 32, acc, pair_blocks(self.atoms, self.tm),
+        store_yt(p_out.toint(), n, m, m0, nw, tidx % 32, acc, pair_blocks(self.atoms, self.tm),
                        self.cfg.out_dtype)
 
     def _stage_la(self, mLA, sLA, vbuf, m, m0, ch, vpr, r, cv):

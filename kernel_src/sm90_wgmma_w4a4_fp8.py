@@ -211,6 +211,11 @@ def invalid_reason(arch: str, knobs: dict) -> Optional[str]:
         return (f"wsets {cfg.wsets} with fp16 output at tile_m {tm} and rank {rank}: four raw weight sets beside the "
                 f"promotion's and a LoRA chunk's registers spill (measured on the CPU, session 29: 56 bytes at rank "
                 f"16, also rank 48; rank 0 builds); two sets build, and the 128-row tile takes four")
+    if sm90_plan.STORE == "quads" and cfg.wsets > 2 and tm > 128 and rank >= 48 and cfg.weights == "regs":
+        return (f"wsets {cfg.wsets} at tile_m {tm} and rank {rank} with weights regs: beside four raw weight sets "
+                f"and a LoRA chunk, the quad output store's exchanged words spill (measured on the CPU, session 34: "
+                f"56 bytes with bf16 output at tile_m 208, rank 48; SVDQ_KERNEL_SM90_STORE=pairs builds it); two sets "
+                f"build, and the 128-row tile takes four")
     if sm90_plan.fp8_promotes(cfg) and cfg.wsets > 2 and rank >= 128:
         return (f"wsets {cfg.wsets} with fp16 output at rank {rank}: four raw weight sets beside the promotion and a "
                 f"LoRA of two chunks keep an 8-byte stack frame (measured on the CPU, session 28: rank 128); two sets "

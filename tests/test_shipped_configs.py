@@ -74,7 +74,10 @@ def test_flux_builds_the_fp8_mode_with_its_default_forms():
     assert cfg.compute == ("exact", "fp8")
     valid, _ = enumerate_variants(cfg)
     fp8 = [v for v in valid if v.op == "gemm_w4a4_fp8"]
-    assert {v.arch for v in fp8} == {"sm_90a"} and len(fp8) == 42
+    # 41: with the quad output store (the default), the 208-row register form with four weight sets is not built
+    # at bf16 rank 48 (it spills); SVDQ_KERNEL_SM90_STORE=pairs builds it (42)
+    from svdq_kernels.sm90_plan import STORE
+    assert {v.arch for v in fp8} == {"sm_90a"} and len(fp8) == (41 if STORE == "quads" else 42)
     assert [v.arch for v in valid if v.op == "act_fp8"] == ["sm_90a"]
     forms = {(v.knob_dict["tile_m"], v.knob_dict["wsets"], v.knob_dict["weights"]) for v in fp8}
     assert forms == {(t[0], w, f.get("weights", ["regs"])[0])

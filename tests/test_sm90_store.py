@@ -14,7 +14,7 @@ import itertools
 import pytest
 
 pytest.importorskip("cutlass")
-from svdq_kernels.sm90_epilogue_ptx import pair_blocks, pair_target   # noqa: E402
+from svdq_kernels.sm90_epilogue_ptx import pair_blocks, pair_target, quad_target   # noqa: E402
 
 
 def accumulator_coord(warp_rows0: int, lane: int, i: int, tile_m: int) -> tuple[int, int]:
@@ -57,21 +57,62 @@ def replay(atoms: int, tile_m: int, warp_rows0: int, n_warp: int, m0: int, m: in
     return out
 
 
-@pytest.mark.parametrize("atoms,tile_m", [(1, 256), (1, 224), (1, 128), (1, 64), (1, 16), (2, 128)])
+def replay_quads(atoms: int, tile_m: int, warp_rows0: int, n_warp: int, m0: int, m: int) -> dict:
+    """The quad store (``SVDQ_KERNEL_SM90_STORE=quads``), modelled from its PTX: per block, the h = 0 and h = 1 words
+    are transposed; ``shfl.sync.bfly`` by 1 hands lane L what lane L ^ 1 sent (an odd lane sends its h = 0 word, an
+    even lane its h = 1 word); lo = odd ? received : own h = 0, hi = odd ? own h = 1 : received; one 64-bit store
+    of (lo, hi) -- four 16-bit values -- at ``quad_target``."""
+    nacc = atoms * tile_m // 2
+    acc = [[accumulator_coord(warp_rows0, lane, i, tile_m) for i in range(nacc)] for lane in range(32)]
+    out = {}
+    for i, mb, nb in pair_blocks(atoms, tile_m):
+        if (i // 2) % 2:
+            continue
+        w0 = movmatrix_trans([(acc[lane][i], acc[lane][i + 1]) for lane in range(32)])
+        w1 = movmatrix_trans([(acc[lane][i + 2], acc[lane][i + 3]) for lane in range(32)])
+        sent = [w0[lane] if lane % 2 else w1[lane] for lane in range(32)]
+        for lane in range(32):
+            got = sent[lane ^ 1]
+            lo, hi = (got, w1[lane]) if lane % 2 else (w0[lane], got)
+            row, col = quad_target(m0, mb, nb, n_warp, lane)
+            if row >= m:
+                continue
+            for e, v in enumerate(lo + hi):
+                assert (row, col + e) not in out, "an output element written twice"
+                out[row, col + e] = v
+    return out
+
+
+@pytest.mark.parametrize("atoms,tile_m", [(1, 256), (1, 224), (1, 216), (1, 128), (1, 64), (1, 16), (2, 128)])
 @pytest.mark.parametrize("m_rows", ["full", "tail"])
-def test_every_value_lands_at_its_output_element_once(atoms, tile_m, m_rows):
+@pytest.mark.parametrize("form", [replay, replay_quads])
+def test_every_value_lands_at_its_output_element_once(atoms, tile_m, m_rows, form):
     m0 = 3 * tile_m
     m = m0 + (tile_m if m_rows == "full" else tile_m // 2 - 3)
     for wg, warp in itertools.product(range(2), range(4)):     # the wgmma tiles' 2 warpgroups x 4 warps
         rows0 = 64 * wg + 16 * warp                             # the warp's first weight row within the tile
         n0 = 5 * 128
-        out = replay(atoms, tile_m, rows0, n0 + rows0, m0, m)
+        out = form(atoms, tile_m, rows0, n0 + rows0, m0, m)
         # the tile-relative (n, m) of Yᵀ stored at output (row, col) is (col - n0, row - m0)
         for (row, col), (yn, ym) in out.items():
             assert (yn, ym) == (col - n0, row - m0), ((row, col), (yn, ym))
         want = {(m0 + j, n0 + rows0 + 128 * a + r) for a in range(atoms) for r in range(16)
                 for j in range(min(tile_m, m - m0))}
         assert set(out) == want
+
+
+def test_a_quad_store_fills_whole_sectors():
+    """Each lane's 64-bit store is 8-byte aligned, and one warp's store of a block covers, per output row, 32
+    contiguous bytes starting at a multiple of 32 (whole sectors) when the warp's first column is a multiple of 16."""
+    for mb, nb in [(0, 0), (8, 0), (0, 128)]:
+        rows: dict = {}
+        for lane in range(32):
+            row, col = quad_target(0, mb, nb, 16 * 5, lane)
+            assert col % 4 == 0
+            rows.setdefault(row, set()).update(range(col, col + 4))
+        assert len(rows) == 8
+        for cols in rows.values():
+            assert len(cols) == 16 and min(cols) % 16 == 0 and max(cols) == min(cols) + 15
 
 
 def test_the_block_list_covers_every_accumulator_once():
