@@ -97,8 +97,9 @@ if FP8_BUFFERS not in (2, 3):
 #: The output store of every sm_90a GEMM form (``SVDQ_KERNEL_SM90_STORE``, ``sm90_epilogue_ptx``): ``quads``, the
 #: default, exchanges one transposed word between neighbouring lanes and stores 64 bits per lane, so a warp's store
 #: fills whole 32-byte sectors; ``pairs``, the earlier form kept for side-by-side builds, stores one 32-bit word per
-#: lane and fills half of each sector.  On an H100 (session 34) the quads were 1-9 % faster than the pairs in every
-#: rank-32 bf16 images form and FP8 form at M = 1024 and 4608, and equal (within 2 %) in the gemv and 64-row forms.
+#: lane and fills half of each sector.  On an H100 (session 34), over the rank-32 bf16 forms at M = 1024 and 4608, the
+#: quads took 0.91-1.02x the pairs' time in the exact forms (median 0.977) and 0.90-1.03x in the FP8 forms (median
+#: 0.943); the gemv and 64-row forms were equal within 2 %.
 STORE = os.environ.get("SVDQ_KERNEL_SM90_STORE", "quads")
 if STORE not in ("pairs", "quads"):
     raise ValueError(f"SVDQ_KERNEL_SM90_STORE={STORE!r}: the sm_90a output store must be one of pairs, quads")
