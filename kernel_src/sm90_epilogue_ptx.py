@@ -12,9 +12,10 @@ one value at a time (``cvt.rn.bf16x2.f32`` / ``cvt.rn.f16x2.f32`` round each hal
 
 **Quads (``SVDQ_KERNEL_SM90_STORE``: ``quads``, the default, or ``pairs``; ``sm90_plan.STORE``).**  A warp's
 32-bit store fills half of each 32-byte sector it touches.  The two transposed words of one 8-column block (row
-halves h = 0 and 1) hold output columns ``2·(lane % 4)`` + {0, 1} and 8 more of row ``g``; one butterfly shuffle between lanes ``L`` and ``L ^ 1`` leaves
-each lane four neighbouring columns, ``8·(lane % 2) + 4·((lane % 4) // 2)`` + {0 .. 3}, and one 64-bit store per
-lane then fills whole sectors (8 rows x 32 bytes per warp) with half the store instructions.
+halves h = 0 and 1) hold output columns ``2·(lane % 4)`` + {0, 1} and 8 more of row ``g``; one butterfly shuffle
+between lanes ``L`` and ``L ^ 1`` leaves each lane four neighbouring columns, ``8·(lane % 2) + 4·((lane % 4) // 2)``
++ {0 .. 3}, and one 64-bit store per lane then fills whole sectors (8 rows x 32 bytes per warp) with half the store
+instructions.  It needs the output's rows 8-byte aligned: N is a multiple of 64 and the output pointer of 16 bytes.
 """
 from __future__ import annotations
 
@@ -92,11 +93,10 @@ def quad_target(m0, mb, nb, n_warp, lane):
     return m0 + mb + lane // 4, n_warp + nb + 8 * (lane % 2) + 4 * ((lane % 4) // 2)
 
 
-def store_yt(out_addr, n, m, m0, n_warp, lane, acc, blocks, dtype: str, store: str = ""):
-    """Store accumulator pairs of Yᵀ as output rows in the build's store form (`store`: ``pairs`` or ``quads``,
-    default ``sm90_plan.STORE``).  `blocks`: ``pair_blocks`` (quads take its h = 0 and h = 1 entries of each block
-    together)."""
-    if (store or STORE) == "pairs":
+def store_yt(out_addr, n, m, m0, n_warp, lane, acc, blocks, dtype: str):
+    """Store accumulator pairs of Yᵀ as output rows in the build's store form (``sm90_plan.STORE``).  `blocks`:
+    ``pair_blocks`` (quads take its h = 0 and h = 1 entries of each block together)."""
+    if STORE == "pairs":
         store_yt_pairs(out_addr, n, m, m0, n_warp, lane, acc, blocks, dtype)
         return
     for i, mb, nb in blocks:

@@ -1121,8 +1121,7 @@ class _Sm90Wgmma:
         (``sm90_epilogue_ptx``): acc[a·per_atom + 4j + 2h + e] is Yᵀ[n0 + 128a + 64·wg + 16·warp + 8h + g,
         m0 + 8j + 2·(lane % 4) + e], the wgmma C layout of each 64-row atom."""
         nw = n0 + wg * 64 + (tidx % 128) // 32 * 16
-        store_yt(p_out.toint(), n, m, m0, nw, tidx % 32, acc, pair_blocks(self.atoms, self.tm),
-                       self.cfg.out_dtype)
+        store_yt(p_out.toint(), n, m, m0, nw, tidx % 32, acc, pair_blocks(self.atoms, self.tm), self.cfg.out_dtype)
 
     def _stage_la(self, mLA, sLA, vbuf, m, m0, ch, vpr, r, cv):
         """Vector `cv` of row `r` of a lora_act_in chunk -> SMEM (rows >= m as zeros)."""
