@@ -333,3 +333,27 @@ def test_main_without_artifacts_exits_2(tmp_path, capsys, monkeypatch):
     assert bench.main(["--artifacts", str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err
     assert "no artifacts" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_fastest_baseline_timing_of_a_shape_gives_the_conservative_ratio():
+    """An exact and an FP8 row of one shape timed cuBLAS bf16 separately (774.6 and 710.0 TFLOP/s worth of µs):
+    each row keeps its own ratio and gains the ratio against the faster timing; a shape timed once, another dtype
+    and a failed baseline are left alone; the table shows both ratios where they differ."""
+    def row(compute, ours_us, dense_us, dtype="bf16", m=4608, fp8=None):
+        base = {"dense": dict(us=dense_us, tflops=1.0, speedup=dense_us / ours_us)}
+        base["fp8"] = fp8 if fp8 is not None else dict(us=50.0, tflops=1.0, speedup=50.0 / ours_us)
+        return dict(op="gemm_w4a4", m=m, k=3072, n=9216, rank=32, dtype=dtype, compute=compute,
+                    ours=dict(us=ours_us, tflops=1.0), baselines=base, check=dict(ok=True, rel_err_vs_eager=1e-3))
+    exact, fp8 = row("exact", 348.0, 336.0), row("fp8", 224.0, 366.6, fp8=dict(error="RuntimeError: x"))
+    alone, other_dtype = row("exact", 30.0, 33.0, m=1024), row("exact", 350.0, 300.0, dtype="fp16")
+    rows = bench.annotate_fastest_baselines([exact, fp8, alone, other_dtype, dict(op="gemm_w4a4", error="boom")])
+    assert exact["baselines"]["dense"]["fastest_us"] == fp8["baselines"]["dense"]["fastest_us"] == 336.0
+    assert fp8["baselines"]["dense"]["speedup_vs_fastest"] == pytest.approx(336.0 / 224.0)     # 1.50, not 1.64
+    assert fp8["baselines"]["dense"]["speedup"] == pytest.approx(366.6 / 224.0)
+    assert exact["baselines"]["dense"]["speedup_vs_fastest"] == pytest.approx(336.0 / 348.0)
+    assert "fastest_us" not in alone["baselines"]["dense"] and "fastest_us" not in other_dtype["baselines"]["dense"]
+    assert "fastest_us" not in exact["baselines"]["fp8"]          # the FP8 row's fp8 baseline failed: one timing
+    assert rows[-1] == dict(op="gemm_w4a4", error="boom")
+    text = bench.render_tables(dict(env={}, gemm=rows[:4]))
+    assert "(1.64×; 1.50× vs the shape's fastest)" in text
+    assert "(0.97×)" in text and "(0.97×;" not in text          # the fastest timing was this row's own
