@@ -52,6 +52,17 @@ def _st_b32_pred(gaddr, word, pred, *, loc=None, ip=None):
                     has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
+#: The quad exchange in PTX ($1, $2: the transposed h = 0 and h = 1 words; $3: the lane): lanes L and L ^ 1 swap one
+#: word (the odd lane sends its h = 0 word, the even lane its h = 1 word), leaving the lane's four neighbouring
+#: columns in `lo`, `hi` (declared by the enclosing block).  The shuffle is unpredicated: every lane of the warp must
+#: execute it.
+_QUAD_EXCHANGE = ("{\n\t.reg .pred odd;\n\t.reg .b32 t, s, r;\n\t"
+                  "and.b32 t, $3, 1;\n\tsetp.ne.u32 odd, t, 0;\n\t"
+                  "selp.b32 s, $1, $2, odd;\n\t"
+                  "shfl.sync.bfly.b32 r, s, 1, 31, -1;\n\t"
+                  "selp.b32 lo, r, $1, odd;\n\tselp.b32 hi, $2, r, odd;\n\t}\n\t")
+
+
 @dsl_user_op
 def _st_quad_pred(gaddr, w0, w1, lane, pred, *, loc=None, ip=None):
     """The quad exchange and store: lanes L and L ^ 1 swap one transposed word (the odd lane sends its h = 0
@@ -59,13 +70,53 @@ def _st_quad_pred(gaddr, w0, w1, lane, pred, *, loc=None, ip=None):
     `gaddr` where `pred` != 0.  The shuffle is unpredicated: every lane of the warp must execute it."""
     llvm.inline_asm(None, [Int64(gaddr).ir_value(), Int32(w0).ir_value(), Int32(w1).ir_value(),
                            Int32(lane).ir_value(), Int32(pred).ir_value()],
-                    "{\n\t.reg .pred p, odd;\n\t.reg .b32 t, s, r, lo, hi;\n\t"
-                    "and.b32 t, $3, 1;\n\tsetp.ne.u32 odd, t, 0;\n\t"
-                    "selp.b32 s, $1, $2, odd;\n\t"
-                    "shfl.sync.bfly.b32 r, s, 1, 31, -1;\n\t"
-                    "selp.b32 lo, r, $1, odd;\n\tselp.b32 hi, $2, r, odd;\n\t"
+                    "{\n\t.reg .pred p;\n\t.reg .b32 lo, hi;\n\t" + _QUAD_EXCHANGE +
                     "setp.ne.u32 p, $4, 0;\n\t@p st.global.v2.b32 [$0], {lo, hi};\n\t}", "l,r,r,r,r",
                     has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
+def _sts_quad(saddr, w0, w1, lane, *, loc=None, ip=None):
+    """The quad exchange of ``_st_quad_pred``, then one st.shared.v2.b32 at the 32-bit shared address `saddr` (every
+    lane: the staged rows past M are never copied out)."""
+    llvm.inline_asm(None, [Int32(saddr).ir_value(), Int32(w0).ir_value(), Int32(w1).ir_value(),
+                           Int32(lane).ir_value()],
+                    "{\n\t.reg .b32 lo, hi;\n\t" + _QUAD_EXCHANGE + "st.shared.v2.b32 [$0], {lo, hi};\n\t}",
+                    "r,r,r,r",
+                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
+def _bulk_s2g_row(gaddr, saddr, nbytes, pred, *, loc=None, ip=None):
+    """Where `pred` != 0: cp.async.bulk of `nbytes` from the shared address `saddr` to global `gaddr` (a bulk group
+    of this thread), committed.  Every thread waits for its own groups (``_bulk_wait``)."""
+    llvm.inline_asm(None, [Int64(gaddr).ir_value(), Int32(saddr).ir_value(), Int32(nbytes).ir_value(),
+                           Int32(pred).ir_value()],
+                    "{\n\t.reg .pred p;\n\tsetp.ne.u32 p, $3, 0;\n\t"
+                    "@p cp.async.bulk.global.shared::cta.bulk_group [$0], [$1], $2;\n\t"
+                    "cp.async.bulk.commit_group;\n\t}", "l,r,r,r",
+                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
+def _bulk_wait(read_only: bool, *, loc=None, ip=None):
+    """cp.async.bulk.wait_group(.read) 0: this thread's bulk copies have read their SMEM (`read_only`), or are
+    complete."""
+    op = "cp.async.bulk.wait_group.read 0;" if read_only else "cp.async.bulk.wait_group 0;"
+    llvm.inline_asm(None, [], op, "", has_side_effects=True, is_align_stack=False,
+                    asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+def stage_yt_quads(sout, row_bytes: int, n_warp_t, lane, acc, blocks, dtype: str):
+    """The quads of ``store_yt`` written to the SMEM tile at shared address `sout` instead (tile-relative: row
+    ``mb + g``, columns from `n_warp_t`, the warp's first column within the tile; `row_bytes` per row)."""
+    for i, mb, nb in blocks:
+        if (i // 2) % 2:
+            continue
+        w0 = _movm_t(_pack2(acc[i], acc[i + 1], dtype))
+        w1 = _movm_t(_pack2(acc[i + 2], acc[i + 3], dtype))
+        row, col = quad_target(0, mb, nb, n_warp_t, lane)
+        _sts_quad(sout + row * row_bytes + col * 2, w0, w1, lane)
 
 
 def pair_blocks(atoms: int, tile_m: int) -> list[tuple[int, int, int]]:
@@ -96,7 +147,7 @@ def quad_target(m0, mb, nb, n_warp, lane):
 def store_yt(out_addr, n, m, m0, n_warp, lane, acc, blocks, dtype: str):
     """Store accumulator pairs of Yᵀ as output rows in the build's store form (``sm90_plan.STORE``).  `blocks`:
     ``pair_blocks`` (quads take its h = 0 and h = 1 entries of each block together)."""
-    if STORE == "pairs":
+    if STORE == "pairs":                                # ("bulk": the forms that stage use stage_yt_quads)
         store_yt_pairs(out_addr, n, m, m0, n_warp, lane, acc, blocks, dtype)
         return
     for i, mb, nb in blocks:

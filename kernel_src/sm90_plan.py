@@ -100,9 +100,14 @@ if FP8_BUFFERS not in (2, 3):
 #: lane and fills half of each sector.  On an H100 (session 34), over the rank-32 bf16 forms at M = 1024 and 4608, the
 #: quads took 0.91-1.02x the pairs' time in the exact forms (median 0.977) and 0.90-1.03x in the FP8 forms (median
 #: 0.943); the gemv and 64-row forms were equal within 2 %.
+#: ``bulk`` (an experiment, session 34, not yet run): the unsplit ws forms stage the quads in SMEM, one padded row
+#: per output row (``OUT_ROW_PAD`` bytes after each, so a warp's 8-row store hits every bank twice, the minimum), and
+#: one thread per row then copies it to global memory with ``cp.async.bulk`` (the async proxy): the MMA warps go on
+#: to the next tile while the copies drain.  The other schedules keep the quads.
 STORE = os.environ.get("SVDQ_KERNEL_SM90_STORE", "quads")
-if STORE not in ("pairs", "quads"):
-    raise ValueError(f"SVDQ_KERNEL_SM90_STORE={STORE!r}: the sm_90a output store must be one of pairs, quads")
+if STORE not in ("pairs", "quads", "bulk"):
+    raise ValueError(f"SVDQ_KERNEL_SM90_STORE={STORE!r}: the sm_90a output store must be one of pairs, quads, bulk")
+OUT_ROW_PAD = 16
 
 
 #: Where the FP8-compute mode's MMA warps get their weights from (the family's ``weights`` knob):
@@ -322,10 +327,13 @@ def _smem_plan(cfg: _Cfg) -> dict[str, int]:
         bar_at = sum_at + (promote_bytes(cfg) + 1023) // 1024 * 1024
         meet_at = bar_at + 2 * cfg.stages * 8        # ws_streamk: the word through which a meeting's count is shared
         total = meet_at + (16 if is_streamk(cfg) else 0)
+        out_at = (total + 127) // 128 * 128          # bulk_store: the staged output tile (16-byte aligned rows)
+        if bulk_store(cfg):
+            total = out_at + cfg.tile_m * out_row_bytes(cfg)
         total = (total + 1023) // 1024 * 1024
         return dict(main_bytes=main, lora_bytes=lora, total_bytes=total, lu_offset=lora_at,
                     la_offset=lora_at + la_in_chunk, bar_offset=bar_at, meet_offset=meet_at, w_offset=w_at,
-                    sum_offset=sum_at)
+                    sum_offset=sum_at, out_offset=out_at)
     total = (max(main, lora) + 1023) // 1024 * 1024
     return dict(main_bytes=main, lora_bytes=lora, total_bytes=total, lu_offset=0, la_offset=la_in_chunk,
                 bar_offset=-1)
@@ -460,6 +468,8 @@ def _problem(cfg: _Cfg) -> Optional[str]:
     if plan["total_bytes"] > SMEM_LIMIT_BYTES:
         where = "separate LoRA chunk" if is_ws(cfg) else "LoRA chunk"
         sums = f", fp32 sums {promote_bytes(cfg)} B" if promote_bytes(cfg) else ""
+        if bulk_store(cfg):
+            sums += f", staged output tile {cfg.tile_m * out_row_bytes(cfg)} B (SVDQ_KERNEL_SM90_STORE=bulk)"
         stages = "weight and activation stages" if fp8_smem_weights(cfg) else "activation stages"
         return (f"needs {plan['total_bytes']} B of dynamic SMEM ({stages} {plan['main_bytes']} B, "
                 f"{where} {plan['lora_bytes']} B{sums}), more than the {SMEM_LIMIT_BYTES} B of an sm_90 CTA")
@@ -556,6 +566,20 @@ def ksplit_of(cfg: _Cfg) -> int:
 
 def is_streamk(cfg: _Cfg) -> bool:
     return cfg.schedule == "ws_streamk"
+
+
+def bulk_store(cfg: _Cfg) -> bool:
+    """Whether this form stages its output tile in SMEM and bulk-copies it (``STORE`` ``bulk``): the unsplit ws
+    schedule only (split K and stream-K end a tile in their own meetings), at the tall tiles (208 rows and more:
+    one CTA per SM with or without the staged tile, where the 64- and 128-row tiles would lose a CTA per SM to its
+    SMEM), and not the 192-wide tile, whose 128 registers per thread leave an 8-byte stack frame with it (CPU,
+    session 34)."""
+    return STORE == "bulk" and cfg.schedule == "ws" and cfg.tile_m >= 208 and cfg.tile_n != WIDE_TILE_N
+
+
+def out_row_bytes(cfg: _Cfg) -> int:
+    """Bytes per staged output row (``bulk_store``): the tile's columns in 16-bit values, then ``OUT_ROW_PAD``."""
+    return cfg.tile_n * 2 + OUT_ROW_PAD
 
 
 def mma_warpgroups(cfg: _Cfg) -> int:

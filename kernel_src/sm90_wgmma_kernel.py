@@ -113,9 +113,9 @@ except ImportError:  # older DSL
 from .sm90_decode_act import image_rows_dsl
 from .sm90_decode_ptx import (_adecode, _adecode_prmt, _bcast, _bulk_g2s, _byte_form, _ld_cluster_v4f, _lds_v4f,
                               _lds_v4u, _scales_x128, _ld_relaxed_v4f, _st_v4f, _sts_v4f, _wdecode, weight_scales_x128)
-from .sm90_epilogue_ptx import pair_blocks, store_yt
+from .sm90_epilogue_ptx import _bulk_s2g_row, _bulk_wait, pair_blocks, stage_yt_quads, store_yt
 from .sm90_fp8_ptx import block_mults, e2m1_e4m3_reg, f16x2_of, lut_pair, lut_reg, round_scaled
-from .sm90_plan import (FP8_PROMOTE_KTILES, FP8_RAW_WORD_BYTES, TILE_K, THREADS, _Cfg,
+from .sm90_plan import (FP8_PROMOTE_KTILES, FP8_RAW_WORD_BYTES, TILE_K, THREADS, _Cfg, bulk_store, out_row_bytes,
                         _lora_chunk, _problem, fp8_lut_weights, fp8_promotes, fp8_raw_block_bytes, fp8_smem_weights,
                         fp8_staged_weights,
                         fp8_weight_store_offset, frag_buffers, k_tile, mma_warpgroups, ws_regs, _smem_plan, is_streamk,
@@ -206,6 +206,7 @@ class _Sm90Wgmma:
         self.plan = _smem_plan(cfg)
         self.smem_bytes = self.plan["total_bytes"]
         self.ws = is_ws(cfg)
+        self.bulk_out = bulk_store(cfg)          # the output staged in SMEM and bulk-copied (an experiment)
         self.threads = threads_of(cfg)
         self.ks = ksplit_of(cfg)                 # ws_splitk<S>: CTAs of a cluster that split one tile's K
         self.nthr_a = 128 if self.ws else THREADS                # threads that decode activations
@@ -942,7 +943,12 @@ class _Sm90Wgmma:
                         self._fp8_col_scale(p_act, m0, ctid, acc)
                     self._epilogue(p_la, p_lu, p_bias, base, m, n, m0, n0, ctid, cwg, affine, acc,
                                    lora_ready=self.lora_prefetch)
-                    self._store_out(p_out, m, n, m0, n0, ctid, cwg, acc)
+                    if cutlass.const_expr(self.bulk_out):
+                        self._store_out_bulk(p_out, base, m, n, m0, n0, ctid, cwg, acc)
+                    else:
+                        self._store_out(p_out, m, n, m0, n0, ctid, cwg, acc)
+            if cutlass.const_expr(self.bulk_out):
+                _bulk_wait(False)       # the last tile's copies are done before the CTA's SMEM goes away
 
     def _promote(self, psum, tidx, acc, first=False, last=False):
         """FP8, fp16 out (`sm90_plan.fp8_promotes`): MMA thread `tidx`'s fp32 sums at shared address `psum`, four per
@@ -1122,6 +1128,22 @@ class _Sm90Wgmma:
         m0 + 8j + 2·(lane % 4) + e], the wgmma C layout of each 64-row atom."""
         nw = n0 + wg * 64 + (tidx % 128) // 32 * 16
         store_yt(p_out.toint(), n, m, m0, nw, tidx % 32, acc, pair_blocks(self.atoms, self.tm), self.cfg.out_dtype)
+
+    def _store_out_bulk(self, p_out, base, m, n, m0, n0, tidx, wg, acc):
+        """``STORE`` ``bulk``: the tile's quads into its SMEM rows, then one thread per row (``tidx`` < tile_m, the
+        row < m) bulk-copies it to the output.  The rows are rewritten only after every thread's copies of the
+        previous tile have read them (each thread waits for its own bulk groups, then the MMA threads meet)."""
+        sout = base.toint() + self.plan["out_offset"]
+        rb = out_row_bytes(self.cfg)
+        _bulk_wait(True)
+        self._mma_sync()
+        stage_yt_quads(sout, rb, wg * 64 + (tidx % 128) // 32 * 16, tidx % 32, acc, pair_blocks(self.atoms, self.tm),
+                       self.cfg.out_dtype)
+        cute.arch.fence_proxy("async.shared", space="cta")     # the generic-proxy writes, before the async reads
+        self._mma_sync()
+        r = cutlass.min(tidx, self.tm - 1)
+        _bulk_s2g_row(p_out.toint() + (Int64(m0 + r) * n + n0) * 2, sout + r * rb, self.tn * 2,
+                      Int32((tidx < self.tm) & (m0 + tidx < m)))
 
     def _stage_la(self, mLA, sLA, vbuf, m, m0, ch, vpr, r, cv):
         """Vector `cv` of row `r` of a lora_act_in chunk -> SMEM (rows >= m as zeros)."""

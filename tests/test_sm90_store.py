@@ -9,6 +9,7 @@ each element exactly once, rows >= M never.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -162,3 +163,34 @@ def test_the_warpgroups_of_a_tile_store_it_whole_and_once(wgs, atoms, tile_m):
                 n_rel, _ = accumulator_coord(rows0, lane, a * (tile_m // 2) + 2 * h, tile_m)
                 assert rows[2 * a + h] == n0 + n_rel
     assert set(seen) == {(m0 + j, n0 + r) for j in range(tile_m) for r in range(64 * wgs * atoms)}
+
+
+def test_the_bulk_store_experiment_plans_its_staged_tile(monkeypatch):
+    """``SVDQ_KERNEL_SM90_STORE=bulk`` (an experiment): only the unsplit ws tiles of 208 rows and more stage their
+    output, in rows of tile_n * 2 + 16 bytes placed after everything else the plan holds, within an sm_90 CTA's
+    SMEM; and a warp's quad store into those rows (8 rows x 32 bytes) touches every bank exactly twice, the two
+    wavefronts 256 bytes need at least."""
+    from svdq_kernels import sm90_plan as plan
+    monkeypatch.setattr(plan, "STORE", "bulk")
+    cfg = plan._Cfg(rank=32, out_dtype="bf16", wcscale=True, bias=True, tile_m=216, tile_n=128, stages=4,
+                    schedule="ws", wsets=4, act_source="images")
+    assert plan.bulk_store(cfg)
+    assert not plan.bulk_store(dataclasses.replace(cfg, schedule="ws_splitk2"))
+    assert not plan.bulk_store(dataclasses.replace(cfg, tile_m=128))
+    assert not plan.bulk_store(dataclasses.replace(cfg, tile_m=128, tile_n=plan.WIDE_TILE_N))
+    sp = plan._smem_plan(cfg)
+    rows = cfg.tile_m * plan.out_row_bytes(cfg)
+    assert sp["out_offset"] % 128 == 0 and sp["out_offset"] >= sp["meet_offset"]
+    assert sp["out_offset"] + rows <= sp["total_bytes"] <= plan.SMEM_LIMIT_BYTES
+    monkeypatch.setattr(plan, "STORE", "quads")
+    assert not plan.bulk_store(cfg) and plan._smem_plan(cfg)["total_bytes"] < sp["total_bytes"] - rows + 1024
+    rb = plan.out_row_bytes(cfg)
+    for mb, nb, nw in [(0, 0, 0), (8, 0, 48), (16, 128, 112)]:
+        banks: dict = {}
+        for lane in range(32):
+            row, col = quad_target(0, mb, nb, nw, lane)
+            addr = row * rb + col * 2
+            assert addr % 8 == 0
+            for word in (addr // 4, addr // 4 + 1):
+                banks[word % 32] = banks.get(word % 32, 0) + 1
+        assert sorted(banks) == list(range(32)) and set(banks.values()) == {2}
