@@ -107,14 +107,19 @@ def _bulk_wait(read_only: bool, *, loc=None, ip=None):
                     asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
-def stage_yt_quads(sout, row_bytes: int, n_warp_t, lane, acc, blocks, dtype: str):
-    """The quads of ``store_yt`` written to the SMEM tile at shared address `sout` instead (tile-relative: row
-    ``mb + g``, columns from `n_warp_t`, the warp's first column within the tile; `row_bytes` per row)."""
+def _quad_words(acc, blocks, dtype: str):
+    """Per 8-column block of ``pair_blocks`` (its h = 0 entry; the h = 1 entry goes with it): (mb, nb, w0, w1), the
+    two row halves' accumulator pairs packed to 16 bits and transposed across the warp, ready for the exchange."""
     for i, mb, nb in blocks:
         if (i // 2) % 2:
             continue
-        w0 = _movm_t(_pack2(acc[i], acc[i + 1], dtype))
-        w1 = _movm_t(_pack2(acc[i + 2], acc[i + 3], dtype))
+        yield mb, nb, _movm_t(_pack2(acc[i], acc[i + 1], dtype)), _movm_t(_pack2(acc[i + 2], acc[i + 3], dtype))
+
+
+def stage_yt_quads(sout, row_bytes: int, n_warp_t, lane, acc, blocks, dtype: str):
+    """The quads of ``store_yt`` written to the SMEM tile at shared address `sout` instead (tile-relative: row
+    ``mb + g``, columns from `n_warp_t`, the warp's first column within the tile; `row_bytes` per row)."""
+    for mb, nb, w0, w1 in _quad_words(acc, blocks, dtype):
         row, col = quad_target(0, mb, nb, n_warp_t, lane)
         _sts_quad(sout + row * row_bytes + col * 2, w0, w1, lane)
 
@@ -150,11 +155,7 @@ def store_yt(out_addr, n, m, m0, n_warp, lane, acc, blocks, dtype: str):
     if STORE == "pairs":                                # ("bulk": the forms that stage use stage_yt_quads)
         store_yt_pairs(out_addr, n, m, m0, n_warp, lane, acc, blocks, dtype)
         return
-    for i, mb, nb in blocks:
-        if (i // 2) % 2:
-            continue                                    # the h = 1 half: stored with its h = 0 entry
-        w0 = _movm_t(_pack2(acc[i], acc[i + 1], dtype))
-        w1 = _movm_t(_pack2(acc[i + 2], acc[i + 3], dtype))
+    for mb, nb, w0, w1 in _quad_words(acc, blocks, dtype):
         row, col = quad_target(m0, mb, nb, n_warp, lane)
         _st_quad_pred(out_addr + (Int64(row) * n + col) * 2, w0, w1, lane, Int32(row < m))
 

@@ -669,24 +669,19 @@ def annotate_fastest_baselines(rows: list) -> list:
     drift).  For each (M, K, N, R, dtype) and baseline timed in more than one row, every row's entry gains
     ``fastest_us`` (the shortest of those timings) and ``speedup_vs_fastest`` (our throughput over that one): the
     conservative ratio.  Rows without that baseline, or with an error, are left as they are.  Returns `rows`."""
-    groups: dict = {}
+    groups: dict = {}                  # (shape, baseline) -> [(our row, its timing of that baseline)]
     for r in rows:
         if "ours" not in r:
             continue
-        key = (r["m"], r["k"], r["n"], r.get("rank"), r["dtype"])
         for name, b in r.get("baselines", {}).items():
             if "us" in b:
-                groups.setdefault((key, name), []).append(b)
-    for (key, name), entries in groups.items():
-        if len(entries) < 2:
-            continue
-        fastest = min(b["us"] for b in entries)
-        for r in rows:
-            if "ours" in r and (r["m"], r["k"], r["n"], r.get("rank"), r["dtype"]) == key:
-                b = r["baselines"].get(name)
-                if b is not None and "us" in b:
-                    b["fastest_us"] = fastest
-                    b["speedup_vs_fastest"] = fastest / r["ours"]["us"]
+                groups.setdefault((r["m"], r["k"], r["n"], r.get("rank"), r["dtype"], name), []).append((r, b))
+    for timed in groups.values():
+        if len(timed) > 1:
+            fastest = min(b["us"] for _, b in timed)
+            for r, b in timed:
+                b["fastest_us"] = fastest
+                b["speedup_vs_fastest"] = fastest / r["ours"]["us"]
     return rows
 
 
