@@ -26,7 +26,7 @@ handshake:
   of chunk q + 2 ride in the group of chunk q's first k-tile, into the second of two raw chunk buffers.
 * **Split K over a cluster** of S CTAs, S chosen by the host code at launch: the largest power of two up to 8
   that is at most ``ctas_per_sm·sm_count // tiles`` (``sm90_plan.GEMV_LAYOUTS``: 2 CTAs of tile_n 128 or 3 of
-  tile_n 64 fit an SM) and ``k // 128`` (``split_of``).  CTA rank r takes
+  tile_n 64 fit an SM) and ``k // 512`` (at least four phases per rank; ``split_of``).  CTA rank r takes
   phases ``[r·P // S, (r+1)·P // S)`` of the P = k // 128.
   Warp w of rank ``w % S`` owns its 16 x tile_m slice of the tile: the other ranks leave their partial sums in their
   own SMEM, a cluster barrier publishes them, the owner adds them in rank order (``mapa`` +
@@ -57,6 +57,9 @@ from .sm90_epilogue_ptx import pair_blocks, store_yt
 
 PHASE_K = 128          # k per activation phase (two 64-k k-tiles)
 MAX_SPLIT = 8          # portable cluster size
+#: the fewest phases (128 k each) a split-K rank gets: at K = N = 3072, M = 1 and 16 on an H100, 4 ranks of 6 phases
+#: took 4-6 % (16 x 128) and 27-28 % (16 x 64) less time than 8 ranks of 3 (docs/PERF.md, session 35)
+MIN_RANK_PHASES = 4
 _A_BUF = 2 * 64 * 128  # tile_m 64: one phase of decoded activations (2 k-tiles x 64 rows x 128 bytes)
 _A_PH16 = 2 * 16 * 128  # tile_m 16: one phase of decoded activations (2 k-tiles x 16 rows x 128 bytes)
 _ACC_UNSCALE = float(2 ** 14)
@@ -64,9 +67,9 @@ _ACC_UNSCALE = float(2 ** 14)
 
 def split_of(tiles: int, sm_count: int, phases: int, ctas_per_sm: int) -> int:
     """The host code's split (plain integers; tests/test_sm90_gemv.py checks it against the host program's): the
-    largest power of two up to 8 that keeps the grid within `ctas_per_sm` CTAs per SM and gives every rank a
-    phase."""
-    x = min(max(1, (ctas_per_sm * sm_count) // tiles), phases)
+    largest power of two up to 8 that keeps the grid within `ctas_per_sm` CTAs per SM and gives every rank at least
+    `MIN_RANK_PHASES` phases (or one rank, where K has fewer)."""
+    x = min(max(1, (ctas_per_sm * sm_count) // tiles), max(1, phases // MIN_RANK_PHASES))
     return 8 if x >= 8 else 4 if x >= 4 else 2 if x >= 2 else 1
 
 
@@ -150,7 +153,7 @@ class _Sm90Gemv:
         at = {name: ["arg", i] for i, (name, _) in enumerate(host_args)}
         tiles = ["mul", ["ceildiv", at["m"], self.tm], ["floordiv", at["n"], self.tn]]
         x = ["min", ["min", ["max", 1, ["floordiv", ["mul", self.lay.ctas_per_sm, at["sm_count"]], tiles]],
-                     ["floordiv", at["k"], PHASE_K]], MAX_SPLIT]
+                     ["max", 1, ["floordiv", at["k"], PHASE_K * MIN_RANK_PHASES]]], MAX_SPLIT]
         split = ["shl", 1, ["sub", ["clog2", ["add", x, 1]], 1]]
         return (split, ["mul", tiles, split])
 
@@ -168,7 +171,8 @@ class _Sm90Gemv:
                  out: cute.Pointer, m: cutlass.Int32, n: cutlass.Int32, k: cutlass.Int32,
                  sm_count: cutlass.Int32, stream: cuda.CUstream):
         tiles = ((m + (self.tm - 1)) // self.tm) * (n // self.tn)
-        x = cutlass.min(cutlass.max(1, (self.lay.ctas_per_sm * sm_count) // tiles), k // PHASE_K)
+        x = cutlass.min(cutlass.max(1, (self.lay.ctas_per_sm * sm_count) // tiles),
+                        cutlass.max(1, k // (PHASE_K * MIN_RANK_PHASES)))
         split = cutlass.select_(x >= 8, 8, cutlass.select_(x >= 4, 4, cutlass.select_(x >= 2, 2, 1)))
         self.kernel(act, ascales, wgt, wscales, lora_act_in, lora_up, wcscale, bias, out, m, n, k).launch(
             grid=[tiles * split, 1, 1], block=[self.threads, 1, 1], cluster=[split, 1, 1], smem=self.smem_bytes,

@@ -148,9 +148,12 @@ _FORMS = [{"knob": "act_decode", "values": ["prmt", "shift"]}, {"knob": "skip_pa
 _SMALL = [{"knob": "schedule", "values": ["gemv"]}, {"knob": "tile_m", "values": [16]},
           # session 11: at N >= 9216 the 16 x 64 gemv tile is 14-24 % faster than 16 x 128 (M = 1 and 16; N = 9216,
           # 12288, 21504, K = 3072): 16 x 128 makes N / 128 >= 72 tiles, whose launch-time split of 2 fills 144 of
-          # the 264 two-per-SM CTA slots, while 16 x 64 fills 288 of 396.  At N = 3072 16 x 128 is 15-25 % faster
-          # (24 tiles split 8 ways).  Between 3072 and 9216: not measured, the 128-wide tile
+          # the 264 two-per-SM CTA slots, while 16 x 64 fills 288 of 396.  Session 35 (H100, at least four phases
+          # per split rank): at N = 3072 the 64-wide tile takes 4-6 % less time at K = 3072 (48 tiles x 4 ranks)
+          # and the 128-wide one 13-15 % less at K = 12288 and 15360 (24 tiles x 8 ranks).  Between N = 3072 and 9216
+          # and at K between 3072 and 12288: not measured
           {"knob": "tile_n", "values": [64], "when": {"dim": "n", "min": 9216}},
+          {"knob": "tile_n", "values": [64], "when": {"dim": "k", "max": 4095}},
           {"knob": "tile_n", "values": [128], "when": {"dim": "n", "max": 9215}}]
 SELECTION = [
     {"m_max": 16, "priority": 0, "prefer": _SMALL + [_FILL_SMALL, {"knob": "tile_m", "order": "asc"},

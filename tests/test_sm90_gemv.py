@@ -94,14 +94,17 @@ def test_static_problem_wants_the_form_s_own_mma():
 # --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("tile_m, tile_n, m, n, k, want", [
-    (64, 128, 16, 3072, 3072, 8),       # 24 tiles: 8 ranks (192 CTAs on 132 SMs, two per SM)
+    (64, 128, 16, 3072, 3072, 4),       # 24 tiles, 24 phases: 4 ranks of 6 (8 would fit the SMs, at 3 phases)
     (64, 128, 64, 3072, 12288, 8),
     (64, 128, 16, 12288, 3072, 2),      # 96 tiles: 2 ranks
     (64, 128, 1, 256, 128, 1),          # one phase: no split
-    (64, 128, 1, 256, 640, 4),          # five phases, 2 tiles: four ranks (a power of two; shares of 1 and 2)
-    (64, 128, 1, 256, 384, 2),
+    (64, 128, 1, 256, 640, 1),          # five phases: one rank (two would get fewer than four each)
+    (64, 128, 1, 256, 384, 1),
+    (64, 128, 1, 256, 2048, 4),         # 16 phases, 2 tiles: four ranks of four
+    (64, 128, 1, 256, 2560, 4),         # 20 phases: x = 5, so four ranks (a power of two; shares of 5)
     (64, 128, 4608, 3072, 3072, 1),     # many tiles: no split
-    (64, 64, 16, 3072, 3072, 8),        # 48 tiles: 8 ranks, 384 CTAs, three per SM
+    (64, 64, 16, 3072, 3072, 4),        # 48 tiles: 4 ranks of 6 phases, 192 CTAs (8 would fit, three per SM)
+    (64, 64, 16, 3072, 4096, 8),        # 32 phases: 8 ranks, 384 CTAs, three per SM
     (64, 64, 16, 12288, 3072, 2),       # 192 tiles: 2 ranks
     (64, 64, 64, 3072, 15360, 8),
     (16, 128, 16, 3072, 12288, 8),      # the same 24 tiles at M <= 16
@@ -297,7 +300,8 @@ def test_compile_produces_a_clean_gemv_cubin(knobs, tmp_path):
     # the host code: grid = tiles x split, cluster (split, 1, 1), as split_of says
     prog = HostProgram.from_dict(json.loads(json.dumps(serialize_host(ck.compiled))))
     sizes = param_sizes(ck.cubin)
-    for m, n, k, sms in ((16, 3072, 3072, 132), (64, 12288, 3072, 132), (1, 256, 640, 132), (300, 512, 1024, 132),
+    for m, n, k, sms in ((16, 3072, 3072, 132), (16, 3072, 4096, 132), (64, 12288, 3072, 132), (1, 256, 640, 132),
+                         (1, 256, 2560, 132), (300, 512, 1024, 132),
                          (16, 3072, 3072, 78)):
         rec = prog.launch([0x10000 * (i + 1) for i in range(9)] + [m, n, k, sms, 0], sizes)
         tiles = -(-m // tm) * (n // knobs["tile_n"])

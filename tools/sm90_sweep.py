@@ -2,7 +2,7 @@
 same run (tuning data for docs/PERF.md and the selection rules).
 
     python3 tools/sm90_sweep.py ARTIFACTS [ARTIFACTS ...] [--m 256,1024,4608] [--kn 3072x3072,3072x12288,12288x3072]
-        [--rank 32] [--json F] [--quick] [--match TEXT ...] [--compute fp8]
+        [--rank 32] [--json F] [--quick] [--match TEXT ...] [--compute fp8] [--sm-counts 132,66,33]
 
 Bypasses selection: each variant's launcher is driven directly with the arguments the loader would build.
 Every variant's output is checked once per shape against the eager torch W4A4 pipeline (relative error
@@ -112,6 +112,10 @@ def main(argv=None) -> int:
     ap.add_argument("--compute", choices=("exact", "fp8"), default="exact",
                     help="the GEMM's compute mode: fp8 times the gemm_w4a4_fp8 variants (their outputs checked against "
                          "the exact eager pipeline within the mode's distance, the bench's 6e-2)")
+    ap.add_argument("--sm-counts", default=None,
+                    help="comma list of the sm_count host argument each variant is launched with (default: the "
+                         "device's); a smaller one shrinks a persistent grid and the gemv form's split-K, so the "
+                         "split rules can be timed without a rebuild. With several, each row names its count")
     ap.add_argument("--match", action="append", default=[],
                     help="time only variants whose knob summary (as printed) contains this text; repeatable, all "
                          "must match")
@@ -119,6 +123,10 @@ def main(argv=None) -> int:
     st = bench.QUICK if a.quick else bench.Settings(reps=9, warmup=2, target_ms=2.0)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sm_counts = [int(x) for x in a.sm_counts.split(",")] if a.sm_counts else [sms]
+    if any(c < 1 or c > sms for c in sm_counts):
+        print(f"--sm-counts {a.sm_counts}: each count must be 1 .. {sms} (this device's SMs)")
+        return 2
     gpu = torch.cuda.get_device_name(0)
     libs = {folder: svdq_loader.load(folder) for folder in a.artifacts}
     lib = libs[a.artifacts[0]]               # prepares the weights (one format for every sm_90a build)
@@ -165,9 +173,11 @@ def main(argv=None) -> int:
                 args[gop.SM_COUNT_INDEX] = sms
                 args[gop.STREAM_INDEX] = stream
                 argv_.append(args)
-            for folder, e in cands:
+            for (folder, e), smc in ((c, smc) for c in cands for smc in sm_counts):
                 if spec.shape_problem(e.requirements, dict(m=m, n=n, k=k), e.knobs):
                     continue                # the op's shape rule excludes this (K, N) for the variant
+                for args in argv_:
+                    args[gop.SM_COUNT_INDEX] = smc
                 ln = libs[folder]._launcher(e.name, 0, False)
                 outs[0].fill_(float("nan"))
                 ln.launch(argv_[0])
@@ -175,8 +185,9 @@ def main(argv=None) -> int:
                 got = outs[0].float()
                 rel = float((got - want).norm() / want.norm())
                 ok = bool(rel < tol and torch.isfinite(got).all())
-                row = dict(artifacts=folder, variant=e.name, knobs=short(e.knobs), m=m, k=k, n=n, rel_err=rel,
-                           ok=ok, cublas_us=dense["us"])
+                tag = f" sms={smc}" if len(sm_counts) > 1 else ""
+                row = dict(artifacts=folder, variant=e.name + tag, knobs=short(e.knobs) + tag, m=m, k=k, n=n,
+                           rel_err=rel, ok=ok, cublas_us=dense["us"], sm_count=smc)
                 if ok:
                     def call(i, ln=ln):
                         args = argv_[i]
