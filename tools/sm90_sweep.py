@@ -123,9 +123,12 @@ def main(argv=None) -> int:
     st = bench.QUICK if a.quick else bench.Settings(reps=9, warmup=2, target_ms=2.0)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    sm_counts = [int(x) for x in a.sm_counts.split(",")] if a.sm_counts else [sms]
+    try:
+        sm_counts = [int(x) for x in a.sm_counts.split(",")] if a.sm_counts else [sms]
+    except ValueError:
+        sm_counts = [0]
     if any(c < 1 or c > sms for c in sm_counts):
-        print(f"--sm-counts {a.sm_counts}: each count must be 1 .. {sms} (this device's SMs)")
+        print(f"--sm-counts {a.sm_counts}: a comma list of integers, each 1 .. {sms} (this device's SMs)")
         return 2
     gpu = torch.cuda.get_device_name(0)
     libs = {folder: svdq_loader.load(folder) for folder in a.artifacts}
@@ -170,8 +173,7 @@ def main(argv=None) -> int:
             for i, q in enumerate(sets):
                 f = gop.fast_args("sm_90a", q["act"], ws[i], q["ascales"], q["lora_act_in"], outs[i], None)
                 args = f[3]
-                args[gop.SM_COUNT_INDEX] = sms
-                args[gop.STREAM_INDEX] = stream
+                args[gop.STREAM_INDEX] = stream         # (sm_count: set per launch below)
                 argv_.append(args)
             for (folder, e), smc in ((c, smc) for c in cands for smc in sm_counts):
                 if spec.shape_problem(e.requirements, dict(m=m, n=n, k=k), e.knobs):
