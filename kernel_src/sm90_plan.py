@@ -82,9 +82,8 @@ def k_tile(cfg: _Cfg) -> int:
 FP8_SCHEDULES = ("ws", "ws_streamk")
 
 
-#: The FP8-compute MMA warps' weight fragment buffers (an experiment: correct, and slower at 13 of 15 points on an H100,
-#: session 33;
-#: ``SVDQ_KERNEL_SM90_FP8_BUFFERS``, which like every ``SVDQ_KERNEL_*`` switch enters the build cache key and the
+#: The FP8-compute MMA warps' weight fragment buffers (an experiment: correct, and slower at 13 of 15 points on an
+#: H100, session 33; ``SVDQ_KERNEL_SM90_FP8_BUFFERS``, which like every ``SVDQ_KERNEL_*`` switch enters the build cache key and the
 #: manifest): 2, the default, decodes k-tile kt + 1 after k-tile kt - 1's wgmmas are done (its buffer is the one kt + 1
 #: takes), so the decode sits between two k-tiles' MMAs; 3 decodes it right after k-tile kt's wgmmas are issued, into
 #: the buffer k-tile kt - 2 used, so it overlaps the MMAs of kt - 1 and kt (session 27: the FP8 main loop holds twice
@@ -100,7 +99,8 @@ if FP8_BUFFERS not in (2, 3):
 #: lane and fills half of each sector.  On an H100 (session 34), over the rank-32 bf16 forms at M = 1024 and 4608, the
 #: quads took 0.91-1.02x the pairs' time in the exact forms (median 0.977) and 0.90-1.03x in the FP8 forms (median
 #: 0.943); the gemv and 64-row forms were equal within 2 %.
-#: ``bulk`` (an experiment, session 34, not yet run): the unsplit ws forms stage the quads in SMEM, one padded row
+#: ``bulk`` (an experiment, session 34; correct on an H100 and 0-12 % slower per variant than the quads, session 35,
+#: so not the default): the unsplit ws forms stage the quads in SMEM, one padded row
 #: per output row (``OUT_ROW_PAD`` bytes after each, so a warp's 8-row store hits every bank twice, the minimum), and
 #: one thread per row then copies it to global memory with ``cp.async.bulk`` (the async proxy): the MMA warps go on
 #: to the next tile while the copies drain.  The other schedules keep the quads.

@@ -132,12 +132,13 @@ def compile_gemm_cases(fam, cases, knobs_of, id_of, tmp_path_factory) -> dict:
 def check_output_store(sass: str, pairs: int) -> None:
     """The sm_90a GEMM's transposed output store (kernel_src/sm90_epilogue_ptx.py) for `pairs` accumulator pairs
     per thread: one movmatrix transpose per pair, no 16-bit stores, and in the build's store form (``quads``: one
-    butterfly shuffle and one 64-bit store per two pairs; ``pairs``: one 32-bit store per pair)."""
+    butterfly shuffle and one 64-bit store per two pairs, also the forms a ``bulk`` build does not stage; ``pairs``:
+    one 32-bit store per pair)."""
     from svdq_kernels.sm90_plan import STORE
     assert sass.count("MOVM.16.MT88") == pairs, sass.count("MOVM.16.MT88")
     assert "STG.E.U16" not in sass
-    if STORE == "quads":
+    if STORE == "pairs":
+        assert len(re.findall(r"STG\.E desc", sass)) == pairs and "STG.E.64 desc" not in sass
+    else:
         assert len(re.findall(r"STG\.E\.64 desc", sass)) == pairs // 2 and not re.search(r"STG\.E desc", sass)
         assert sass.count("SHFL.BFLY") == pairs // 2
-    else:
-        assert len(re.findall(r"STG\.E desc", sass)) == pairs and "STG.E.64 desc" not in sass
