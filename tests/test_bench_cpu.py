@@ -357,3 +357,25 @@ def test_the_fastest_baseline_timing_of_a_shape_gives_the_conservative_ratio():
     text = bench.render_tables(dict(env={}, gemm=rows[:4]))
     assert "(1.64×; 1.50× vs the shape's fastest)" in text
     assert "(0.97×)" in text and "(0.97×;" not in text          # the fastest timing was this row's own
+
+
+def test_warm_gpu_keeps_the_gpu_busy_for_the_time_asked(monkeypatch):
+    """warm_gpu runs matmuls, synchronising, until the wall-clock time asked has passed (no GPU: a fake torch)."""
+    import sys
+    import time
+    import types
+    calls = {"matmul": 0, "sync": 0}
+
+    def matmul(a, b, out=None):
+        calls["matmul"] += 1
+        time.sleep(0.001)
+
+    fake = types.SimpleNamespace(
+        randn=lambda *s, **kw: object(), empty_like=lambda a: object(), matmul=matmul, bfloat16="bf16",
+        cuda=types.SimpleNamespace(synchronize=lambda: calls.__setitem__("sync", calls["sync"] + 1)))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    spent = bench.warm_gpu(30.0)
+    assert spent >= 30.0
+    assert calls["matmul"] >= 4 and calls["sync"] >= 1 and calls["matmul"] == 4 * calls["sync"]
+    before = calls["matmul"]
+    assert bench.warm_gpu(0.0) >= 0.0 and calls["matmul"] == before      # no time asked: no matmul

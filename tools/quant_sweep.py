@@ -1,12 +1,14 @@
 """Time every built quantize_act variant of an artifact set on this GPU (tuning data for docs/PERF.md).
 
     python3 tools/quant_sweep.py ARTIFACTS [--m 4608,1024] [--k 3072,15360] [--ksplit 1,2,4] [--smooth 0,1]
-        [--ranks 0,32] [--ctas tiles,fill,2fill,auto] [--carveout -1,100] [--full-check]
+        [--ranks 0,32] [--ctas tiles,fill,2fill,auto] [--carveout -1,100] [--full-check] [--timer graph|loop]
 
 Bypasses selection (each variant's launcher is driven directly); checks every
 variant's codes and scales of the first 64 rows against the exact reference
 once per row of the table, and with --full-check every row's codes and scales
-and lora_act_in against the torch version as well.
+and lora_act_in against the torch version as well.  Times CUDA graphs of the
+calls, as `svdq-aot bench` does (--timer loop: plain launches from Python, whose
+own cost per call, several µs, then bounds what a short kernel can show).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import torch
 
 import svdq_loader
 from svdq_loader.ops import quantize_act as qop
+from svdq_loader.testing import bench
 from svdq_loader.testing import torch_quant as tq
 from svdq_loader.testing.quantize_ref import quantize_act_ref_torch
 
@@ -37,6 +40,9 @@ def main() -> None:
                     help="the kernel's preferred shared-memory carveout to time at, in percent of the unified "
                          "L1 / SMEM (-1: the driver's choice, as the loader leaves it; 100: the most SMEM and so the "
                          "least L1); comma-separated")
+    ap.add_argument("--timer", choices=("graph", "loop"), default="graph",
+                    help="graph: median of CUDA-graph replays of the calls (the GPU's time, as the bench); loop: "
+                         "median of back-to-back plain launches from Python (bounded below by their host cost)")
     ap.add_argument("--full-check", action="store_true",
                     help="check every row's codes and scales, and lora_act_in, against the torch version")
     a = ap.parse_args()
@@ -44,6 +50,7 @@ def main() -> None:
     print("| variant | M | K | R | smooth | ksplit | ctas | carveout % | µs (median) | GB/s | exact |\n"
           "|---|---|---|---|---|---|---|---|---|---|---|")
     ranks = {int(r) for r in a.ranks.split(",") if r}
+    bench.warm_gpu()
     for art in a.artifacts:
         lib = svdq_loader.load(art)
         for e in lib.variants:
@@ -54,8 +61,7 @@ def grid_for(ln, form: str, m: int, k: int, r: int, ks: int) -> tuple[int, int]:
     """(ksplit, ctas) of grid form `form` (see --ctas) for launcher ln (a QuantizeLauncher)."""
     tiles = qop.tile_count(m, ln.tile_rows, ln.blocked)
     if form == "auto":
-        sms, resident = ln.grid_facts()
-        s, ctas, _ = qop.schedule(m, k, r, sms, resident, ln.tile_rows, ln.blocked)
+        s, ctas, _ = ln.plan(m, k)
         return s, ctas
     if form == "tiles":
         return ks, tiles * ks
@@ -114,6 +120,19 @@ def timed_pass(ln, calls) -> float:
     return t0.elapsed_time(t1) * 1e3 / len(calls)
 
 
+def graph_time(ln, calls) -> float:
+    """µs per launch of `calls` (each launch on the capturing stream), timed as `svdq-aot bench` times an op:
+    the median of CUDA-graph replays of passes over the calls."""
+    def fn(i):
+        args = calls[i][3]
+        args[qop.STREAM_INDEX] = torch.cuda.current_stream().cuda_stream     # the warm-up or capture stream
+        ln.launch(args)
+    res = bench.time_calls(fn, len(calls), bench.Settings(reps=20, warmup=2, target_ms=1.0))
+    if res["method"] != "graph":
+        raise RuntimeError(f"quant_sweep: {res.get('note') or 'no CUDA graph'}; rerun with --timer loop")
+    return res["us"]
+
+
 def _time_variant(a, art, lib, e, ranks, copies):
     if e.op != "quantize_act" or e.arch != "sm_90a":
         return
@@ -141,7 +160,10 @@ def _time_variant(a, art, lib, e, ranks, copies):
                 if la is not None:
                     err = float((la.float() - tl.float()).norm() / tl.float().norm())
                     exact = exact and err < 1e-2
-            us = statistics.median(timed_pass(ln, calls) for _ in range(20))
+            if a.timer == "graph":
+                us = graph_time(ln, calls)
+            else:
+                us = statistics.median(timed_pass(ln, calls) for _ in range(20))
             nbytes = mm * k * 2 + mm * k // 2 + mm * k // 16 + mm * r * 2 + k * r * 2 + (k * 2 if smooth_on else 0)
             short = (art.rstrip("/").split("/")[-1] + ":" if len(a.artifacts) > 1 else "") + e.name.split("_sm90a_")[1]
             print(f"| {short} | {mm} | {k} | {r} | {int(smooth_on)} | {ks_used} | {ctas} | {cv} | {us:.1f} | "

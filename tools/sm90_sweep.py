@@ -133,6 +133,7 @@ def main(argv=None) -> int:
     gpu = torch.cuda.get_device_name(0)
     libs = {folder: svdq_loader.load(folder) for folder in a.artifacts}
     lib = libs[a.artifacts[0]]               # prepares the weights (one format for every sm_90a build)
+    bench.warm_gpu()
     tdt = bench._dtype(a.dtype)
     affine = a.affine == "on"
     op = "gemm_w4a4_fp8" if a.compute == "fp8" else "gemm_w4a4"
