@@ -176,6 +176,17 @@ class DeviceKernels:
         finally:
             self.pop()
 
+    def resident_clusters(self, sym: str, threads: int, dynamic_smem: int, cluster: int) -> int:
+        """Clusters of `cluster` CTAs of kernel `sym` the whole device holds at once (the driver's
+        ``cuOccupancyMaxActiveClusters``: a cluster's CTAs share one GPC, so this can be fewer than the resident
+        CTAs per SM times the SMs, divided by `cluster`)."""
+        self.push_primary()
+        try:
+            fn = check(cu.cuKernelGetFunction(self.kernels[sym]), f"cuKernelGetFunction({sym})")
+            return max_active_clusters(int(fn), cluster, threads, dynamic_smem)
+        finally:
+            self.pop()
+
     def foreign_context(self) -> bool:
         """True if a context other than the device's primary one is current on this thread.
 
@@ -254,6 +265,30 @@ def raw_launch_kernel_ex():
         fn.restype = ctypes.c_int
         _raw_fn = fn
     return _raw_fn
+
+
+#: `CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION` (the driver's `CUlaunchAttributeID`)
+CLUSTER_DIMENSION_ATTR = 4
+_clusters_fn = None
+
+
+def max_active_clusters(function: int, cluster: int, threads: int, dynamic_smem: int) -> int:
+    """libcuda's `cuOccupancyMaxActiveClusters` for a (cluster, 1, 1) launch of `threads`-thread CTAs with
+    `dynamic_smem` bytes, the function given as a `CUfunction` handle (an int)."""
+    global _clusters_fn
+    if _clusters_fn is None:
+        fn = _libcuda().cuOccupancyMaxActiveClusters
+        fn.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.c_void_p]
+        fn.restype = ctypes.c_int
+        _clusters_fn = fn
+    dims = ctypes.c_uint * 3
+    cfg = raw_launch_config((cluster, 1, 1), (threads, 1, 1), dynamic_smem,
+                            [(CLUSTER_DIMENSION_ATTR, bytes(dims(cluster, 1, 1)))])
+    out = ctypes.c_int(0)
+    rc = _clusters_fn(ctypes.byref(out), ctypes.c_void_p(function), ctypes.addressof(cfg))
+    if rc:
+        raise CudaError(f"cuOccupancyMaxActiveClusters(cluster {cluster}) failed: {error_name(rc)} ({rc})")
+    return int(out.value)
 
 
 _ctx_get = None

@@ -82,14 +82,15 @@ def _tiles(m, rows=16):
 def _force_cluster(monkeypatch, ksplit):
     """Every launch takes the cluster form with `ksplit` CTAs per row tile (one CTA per tile at 1)."""
     from svdq_loader.ops import quantize_act as qop
-    monkeypatch.setattr(qop, "schedule", lambda m, k, r, sms, res, rows, blocked: (ksplit, _tiles(m, rows) * ksplit, 0))
+    monkeypatch.setattr(qop, "schedule", lambda m, k, r, sms, res, rows, blocked, clusters=None:
+                        (ksplit, _tiles(m, rows) * ksplit, 0))
 
 
 def _force_range(monkeypatch, grid):
     """Every launch takes the range form with grid(tiles, units) CTAs (clamped to [tiles, units])."""
     from svdq_loader.ops import quantize_act as qop
 
-    def sched(m, k, r, sms, res, rows, blocked):
+    def sched(m, k, r, sms, res, rows, blocked, clusters=None):
         tiles = _tiles(m, rows)
         ctas = max(tiles, min(grid(tiles, tiles * (k // 64), sms * res), tiles * (k // 64)))
         return 1, ctas, qop.workspace_bytes(ctas, rows, r) if ctas > tiles else 0

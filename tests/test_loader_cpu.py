@@ -768,3 +768,36 @@ def test_library_call_rules_before_any_device_call(gemm_artifacts, monkeypatch):
         lib.gemm_w4a4(a["act"], w, a["ascales"], lora_act_in=a["lora_act_in"])
     with pytest.raises(InvalidArgument, match=r"tensors must be CUDA tensors, got one on cpu"):
         lib.quantize_act(torch.zeros(77, 128, dtype=torch.bfloat16))
+
+
+def test_max_active_clusters_passes_the_cluster_launch_config(monkeypatch):
+    """driver.max_active_clusters hands libcuda's cuOccupancyMaxActiveClusters a CUlaunchConfig of one cluster
+    of `cluster` CTAs (grid and the CLUSTER_DIMENSION attribute), the block and the dynamic SMEM asked for, and
+    returns the count it writes; a failing call raises CudaError naming the cluster size (no GPU: a fake libcuda)."""
+    import ctypes
+    from svdq_loader import driver
+    from svdq_loader.driver import CUlaunchAttributeRaw, CUlaunchConfigRaw, CudaError
+    seen = []
+
+    def occupancy(out, func, cfg_addr):
+        cfg = CUlaunchConfigRaw.from_address(cfg_addr)
+        attrs = (CUlaunchAttributeRaw * cfg.numAttrs).from_address(cfg.attrs)
+        raw = ctypes.string_at(ctypes.addressof(attrs[0]) + CUlaunchAttributeRaw.value.offset, 12)
+        dims = tuple((ctypes.c_uint * 3).from_buffer_copy(raw))
+        seen.append((func.value, (cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ), (cfg.blockDimX, cfg.blockDimY,
+                     cfg.blockDimZ), cfg.sharedMemBytes, cfg.numAttrs, attrs[0].id, dims))
+        out._obj.value = 92 if dims[0] == 4 else 7
+        return rc[0]
+
+    class _Lib:
+        cuOccupancyMaxActiveClusters = staticmethod(occupancy)
+
+    rc = [0]
+    monkeypatch.setattr(driver, "_clusters_fn", None)
+    monkeypatch.setattr(driver, "_libcuda", lambda: _Lib())
+    assert driver.max_active_clusters(0x5000, 4, 128, 41472) == 92
+    assert seen[-1] == (0x5000, (4, 1, 1), (128, 1, 1), 41472, 1, driver.CLUSTER_DIMENSION_ATTR, (4, 1, 1))
+    assert driver.max_active_clusters(0x5000, 8, 256, 0) == 7 and seen[-1][6] == (8, 1, 1)
+    rc[0] = 1
+    with pytest.raises(CudaError, match=r"cuOccupancyMaxActiveClusters\(cluster 2\) failed"):
+        driver.max_active_clusters(0x5000, 2, 128, 0)

@@ -88,7 +88,7 @@ def test_workspace_layout():
 @pytest.mark.parametrize("m,k,rank,want", [
     (4608, 3072, 32, (1, 288)), (4608, 12288, 32, (1, 396)), (4608, 15360, 32, (1, 396)),     # range at K >= 8192
     (9216, 12288, 32, (2, 1152)), (9216, 3072, 32, (1, 576)), (18432, 15360, 32, (1, 1152)),   # cluster rule
-    (1024, 3072, 32, (4, 256)), (256, 15360, 32, (8, 128)), (16, 3072, 32, (8, 8)),
+    (1024, 3072, 32, (4, 256)), (256, 15360, 32, (8, 128)), (16, 3072, 32, (4, 4)),
     (4608, 3072, 0, (1, 528)), (4608, 15360, 0, (1, 528)), (9216, 3072, 0, (1, 1056)),       # range from M = 256
     (18432, 12288, 0, (1, 1584)), (1024, 15360, 0, (1, 528)), (256, 3072, 0, (1, 528)),
     (240, 3072, 0, (8, 120)), (16, 15360, 0, (8, 8)),                                       # cluster below
@@ -97,6 +97,20 @@ def test_measured_points(m, k, rank, want):
     ks, ctas, ws = qop.schedule(m, k, rank, 132, 3 if rank else 4, 16, False)
     assert (ks, ctas) == want
     assert ws == (qop.workspace_bytes(ctas, 16, rank) if ks == 1 and ctas > -(-m // 16) else 0)
+
+
+# H100 (session 36, CUDA-graph timing), rank 32 with the driver's cluster counts: at K >= 8192 the range form where
+# a 2-CTA split would leave over a quarter of the resident CTAs idle (M = 1792 / 2048: 0-17 % faster than it), the
+# split where it fills them (M = 2560 / 3072: 4-10 % faster than the range form); K = 3072 keeps the split
+@pytest.mark.parametrize("m,k,want", [
+    (1536, 12288, (2, 192)), (1536, 3072, (2, 192)), (1792, 12288, (1, 396)), (1792, 15360, (1, 396)),
+    (2048, 15360, (1, 396)), (2048, 3072, (2, 256)), (1280, 15360, (4, 320)), (768, 3072, (4, 192)),
+    (2560, 12288, (2, 320)), (3072, 15360, (2, 384)), (3584, 12288, (1, 396)), (3584, 3072, (1, 224)),
+])
+def test_measured_points_h100(m, k, want):
+    ks, ctas, ws = qop.schedule(m, k, 32, 132, 3, 16, False, ((2, 198), (4, 92), (8, 45)))
+    assert (ks, ctas) == want
+    assert ws == (qop.workspace_bytes(ctas, 16, 32) if ks == 1 and ctas > -(-m // 16) else 0)
 
 
 def test_schedule_bounds():
@@ -136,6 +150,10 @@ class _Inner:
         assert (sym, threads, smem) == ("q_0", 128, 41472)
         return 3
 
+    def resident_clusters(self, sym, threads, smem, cluster):
+        assert (sym, threads, smem) == ("q_0", 128, 41472)
+        return {2: 198, 4: 92, 8: 45}[cluster]          # an H100's count at rank 32 (session 36)
+
     def launch(self, args):
         self.launched.append(list(args))
 
@@ -146,10 +164,12 @@ class _Entry:
         self.smem_bytes = 41472
 
 
-@pytest.mark.parametrize("m,k,rank", [(4608, 12288, 32), (4608, 3072, 32), (4608, 3072, 0), (64, 3072, 32)])
+@pytest.mark.parametrize("m,k,rank", [(4608, 12288, 32), (4608, 3072, 32), (4608, 3072, 0), (64, 3072, 32),
+                                     (1536, 3072, 32)])
 def test_launcher_fills_the_schedule(monkeypatch, m, k, rank):
-    """QuantizeLauncher asks the driver once (SM count, resident CTAs), then per call writes ksplit, ctas and
-    the workspace pointer the schedule asks for into the arguments, a workspace only where tiles are split."""
+    """QuantizeLauncher asks the driver once (SM count, resident CTAs, resident clusters of 2 / 4 / 8), then per
+    call writes ksplit, ctas and the workspace pointer the schedule asks for into the arguments, a workspace only
+    where tiles are split."""
     from svdq_loader import driver
     monkeypatch.setattr(driver, "device_attribute", lambda attr, ordinal: 132 if attr == 16 else 0)
     inner, allocs = _Inner(), []
@@ -163,10 +183,12 @@ def test_launcher_fills_the_schedule(monkeypatch, m, k, rank):
 
     monkeypatch.setattr(qop.QuantizeLauncher, "_alloc", lambda self, n: allocs.append(n) or _Buf(n))
     ql = qop.QuantizeLauncher(inner, _Entry(rank))
-    assert ql._grid == (132, 3)
+    assert ql._grid == (132, 3) and ql._clusters == ((2, 198), (4, 92), (8, 45))
     args = [1, 2, 3, 4, 5, 6, 0, m, k, 1, 1, 1, 9]
     ql.launch(args)
-    ks, ctas, ws = qop.schedule(m, k, rank, 132, 3, 16, False)
+    ks, ctas, ws = qop.schedule(m, k, rank, 132, 3, 16, False, ql._clusters)
+    if (m, k) == (1536, 3072):
+        assert (ks, ctas) == (2, 192)          # 96 clusters of 4 would not all fit
     got = inner.launched[-1]
     assert (got[qop.KSPLIT_INDEX], got[qop.CTAS_INDEX]) == (ks, ctas)
     assert got[qop.WORKSPACE_INDEX] == (0x7000_0000 if ws else 0) and allocs == ([ws] if ws else [])

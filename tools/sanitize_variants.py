@@ -76,7 +76,7 @@ def main() -> int:
                          "tiles in CTAs, so that most tiles are split and their LoRA sums meet in the workspace")
     a = ap.parse_args()
     if a.quant_grid == "range":
-        def sched(m, k, r, sms, res, rows, blocked):
+        def sched(m, k, r, sms, res, rows, blocked, clusters=None):
             tiles = qop.tile_count(m, rows, blocked)
             ctas = max(tiles, min(tiles * 3 // 2 + 1, tiles * (k // 64)))
             return 1, ctas, qop.workspace_bytes(ctas, rows, r) if ctas > tiles else 0

@@ -124,10 +124,15 @@ _MIN_WARP_STEPS_AT_8 = 6
 _LORA_CTAS_PER_SM = 3
 #: With LoRA and more tiles than half the resident CTAs, K from which 2 CTAs per tile pay (session 15)
 _LORA_SPLIT_MIN_K = 8192
+#: With LoRA, each warp gets at least this many steps of its tile's K.  H100, CUDA-graph timing (docs/PERF.md,
+#: session 36): at M = 256, K = 3072 four CTAs per tile (3 steps per warp) took 5.2 µs, eight (1.5) 6.0, two 6.6
+_LORA_MIN_WARP_STEPS = 3
+#: The cluster splits whose residency the launcher asks the driver for (`QuantizeLauncher.grid_facts`)
+CLUSTER_SPLITS = (2, 4, 8)
 
 
 @functools.lru_cache(maxsize=4096)
-def ksplit_for(m: int, k: int, rank: int, sm_count: int) -> int:
+def ksplit_for(m: int, k: int, rank: int, sm_count: int, clusters: tuple | None = None) -> int:
     """CTAs (one cluster along K) per 16-row tile of the launch, from M, K, the rank and the SM count.
 
     The H200 sweeps of docs/PERF.md.  With LoRA (3 CTAs of 4 warps per SM): where twice the tiles fit
@@ -138,23 +143,37 @@ def ksplit_for(m: int, k: int, rank: int, sm_count: int) -> int:
     K = 12288 two are 3-11 % faster; at M = 4608, K = 3072 the two tie).  Without LoRA (4 CTAs per SM) 4 per
     tile, 8 where K gives every warp at least 6 steps at 8 (K >= 12288 at M = 4608: 7-8 % faster than 4; at
     K = 3072, 4 stays fastest; session 10), or as many as keep two CTAs per SM.  A power of two, at most
-    KSPLIT_MAX, and at most one per step of a warp.  Memoised: the loader asks on every call, with the
-    cache key's own values.
+    KSPLIT_MAX, at most one per step of a warp, with LoRA at most one per `_LORA_MIN_WARP_STEPS` steps.
+
+    `clusters`: ((split, clusters of that many CTAs the device holds at once), ...), the driver's count
+    (`QuantizeLauncher.grid_facts`).  A cluster's CTAs share one GPC, so fewer clusters of 4 or 8 fit than the
+    resident CTAs suggest (H100, rank 32: 92 of 4 and 45 of 8, against 396 CTAs); a split meant to fit in one
+    round is not taken where the launch's clusters do not all fit (session 36: M = 1536, K = 3072, 96 clusters
+    of 4 took 13.6 µs, 96 of 2 10.1).  None (no driver, e.g. on the CPU): every resident CTA counts.
+    Memoised: the loader asks on every call, with the cache key's own values.
     """
     tiles = -(-m // 16)
+    fit = dict(clusters or ())
+
+    def fits(split: int) -> bool:
+        return tiles <= fit.get(split, tiles)
+
+    steps_per_warp_group = k // _CTA_STEP_K
     if rank:
         fill = _LORA_CTAS_PER_SM * sm_count
         if tiles * 2 > fill:                         # many tiles: the split only pays at large K, in two rounds
             s = 2 if k >= _LORA_SPLIT_MIN_K and tiles <= 2 * fill else 1
         else:
-            s = 2
-            while s < KSPLIT_MAX and tiles * 2 * s <= fill:
+            s = 2 if fits(2) else 1
+            while 1 < s < KSPLIT_MAX and tiles * 2 * s <= fill and fits(2 * s):
                 s *= 2
+        steps_per_warp_group //= _LORA_MIN_WARP_STEPS
     else:
         s = 8 if k >= _CTA_STEP_K * 8 * _MIN_WARP_STEPS_AT_8 else 4
-        while s < KSPLIT_MAX and tiles * 2 * s <= 2 * sm_count:
+        while s > 1 and not fits(s):
+            s //= 2
+        while 1 < s < KSPLIT_MAX and tiles * 2 * s <= 2 * sm_count and fits(2 * s):
             s *= 2
-    steps_per_warp_group = k // _CTA_STEP_K
     while s > 1 and s > steps_per_warp_group:
         s //= 2
     return s
@@ -188,43 +207,47 @@ def workspace_bytes(ctas: int, tile_rows: int, rank: int) -> int:
 #: cluster split at M = 1024-18432; at M = 256 equal to the rule's split at K = 3072 and 19 % less at K = 15360
 #: (H200, docs/PERF.md, session 18)
 RANGE_MIN_TILES_NO_LORA = 16
-#: With LoRA the range form pays only where its split tiles are few against their length: K from this up,
-#: with more tiles than half the resident CTAs but no more than them (M = 4608, K = 12288 / 15360: 3 / 6 %
-#: faster than the best cluster split; at K = 3072 10 % slower, at M = 9216 4-5 % slower; session 18)
+#: With LoRA the range form pays only where its split tiles are few against their length: K from this up, and
+#: either more tiles than half the resident CTAs but no more than them (there a 2-CTA split needs two rounds), or
+#: more tiles than a quarter of them where a 2-CTA split's one round would leave more than a quarter idle.
+#: Session 18 (H200): M = 4608, K = 12288 / 15360 3 / 6 % faster than the best cluster split, at K = 3072 10 %
+#: slower, at M = 9216 4-5 % slower.  Session 36 (H100, CUDA-graph timing, ranks 16 and 32, against the 2-CTA
+#: split): M = 1792 / 2048 (57 / 65 % of the resident CTAs busy at 2) 0-17 % faster; M = 2560 / 3072 (81 / 97 %)
+#: 4-10 % slower; M = 1280 and below 20-29 % slower; M = 1536 (48 %, a quarter in tiles) -2 / +4 %
 RANGE_MIN_K_LORA = 8192
 
 
 def range_pays(tiles: int, k: int, rank: int, fill: int) -> bool:
-    """Whether the range form (ksplit 1, whole waves of resident CTAs) beats the cluster split: the H200
-    sweeps of docs/PERF.md, session 18.  `fill`: the CTAs the SMs hold at once."""
+    """Whether the range form (ksplit 1, whole waves of resident CTAs) beats the cluster split: the sweeps of
+    docs/PERF.md, sessions 18 and 36.  `fill`: the CTAs the SMs hold at once."""
     if not rank:
         return tiles >= RANGE_MIN_TILES_NO_LORA
-    return k >= RANGE_MIN_K_LORA and fill < 2 * tiles <= 2 * fill
+    return k >= RANGE_MIN_K_LORA and (fill < 2 * tiles <= 2 * fill or fill < 4 * tiles and 8 * tiles < 3 * fill)
 
 
 @functools.lru_cache(maxsize=4096)
-def schedule(m: int, k: int, rank: int, sm_count: int, resident: int, tile_rows: int, blocked: bool
-             ) -> tuple[int, int, int]:
+def schedule(m: int, k: int, rank: int, sm_count: int, resident: int, tile_rows: int, blocked: bool,
+             clusters: tuple | None = None) -> tuple[int, int, int]:
     """``(ksplit, ctas, workspace bytes)`` of a launch.  The range form (`range_pays`): ksplit 1 and ``ctas`` =
     whole waves of the `resident` CTAs per SM, each CTA taking an equal range of the (row tile, 64-k step)
     units, at least one tile's worth (``ctas >= tiles``, which keeps a CTA within two tiles), with a workspace
     where that splits tiles and there are LoRA sums to add.  Else the cluster form: `ksplit_for` CTAs per
-    tile (one at 1), ``tiles * ksplit`` CTAs.  Memoised."""
+    tile (one at 1; `clusters` as there), ``tiles * ksplit`` CTAs.  Memoised."""
     tiles = tile_count(m, tile_rows, blocked)
     fill = max(1, resident) * sm_count
     if range_pays(tiles, k, rank, fill):
         ctas = range_ctas(tiles, k, fill)
         return 1, ctas, workspace_bytes(ctas, tile_rows, rank) if ctas > tiles else 0
-    s = ksplit_for(m, k, rank, sm_count)
+    s = ksplit_for(m, k, rank, sm_count, clusters)
     return s, tiles * s, 0
 
 
 class QuantizeLauncher(PerCallWorkspace):
-    """The launcher of a ``quantize_act`` variant: sizes the grid (`schedule`, from the device's SM count and
-    how many of the variant's CTAs an SM holds, asked of the driver once) and, where a range launch splits
-    row tiles over CTAs, takes the workspace its CTAs meet in (`workspace`: per call, from torch's caching
-    allocator).  The workspace needs no zeroing (the kernel's counters recognise their own words).  Same
-    interface as `Launcher`."""
+    """The launcher of a ``quantize_act`` variant: sizes the grid (`schedule`, from the device's SM count, how
+    many of the variant's CTAs an SM holds and how many clusters of each split the device holds, asked of the
+    driver once) and, where a range launch splits row tiles over CTAs, takes the workspace its CTAs meet in
+    (`workspace`: per call, from torch's caching allocator).  The workspace needs no zeroing (the kernel's
+    counters recognise their own words).  Same interface as `Launcher`."""
 
     def __init__(self, inner, entry):
         self.inner = inner
@@ -239,6 +262,7 @@ class QuantizeLauncher(PerCallWorkspace):
         self._plans: dict = {}       # (m, k) -> schedule(...): one dict lookup per call
         # asked once, here: the library makes launchers outside graph capture only (it refuses to load then)
         self._grid = self.grid_facts()
+        self._clusters = self.cluster_facts()
 
     def grid_facts(self) -> tuple[int, int]:
         """(SM count, CTAs of this variant one SM holds at once) on the launcher's device."""
@@ -248,10 +272,16 @@ class QuantizeLauncher(PerCallWorkspace):
         return (driver.device_attribute(driver.MULTIPROCESSOR_COUNT, ordinal),
                 self.device.resident_blocks(sym, self.threads, self._smem))
 
+    def cluster_facts(self) -> tuple:
+        """((split, clusters of that many CTAs the device holds at once), ...) for the splits `CLUSTER_SPLITS`,
+        from the driver (`ksplit_for` takes a split only where a launch's clusters all fit)."""
+        sym = next(iter(self.inner.kernels))
+        return tuple((s, self.device.resident_clusters(sym, self.threads, self._smem, s)) for s in CLUSTER_SPLITS)
+
     def plan(self, m: int, k: int) -> tuple[int, int, int]:
         """(ksplit, ctas, workspace bytes) of an M x K call on this launcher's device (`schedule`)."""
         sms, resident = self._grid
-        p = schedule(m, k, self.rank, sms, resident, self.tile_rows, self.blocked)
+        p = schedule(m, k, self.rank, sms, resident, self.tile_rows, self.blocked, self._clusters)
         if len(self._plans) >= 4096:
             self._plans.clear()
         self._plans[(m, k)] = p
