@@ -195,6 +195,25 @@ def test_launcher_fills_the_schedule(monkeypatch, m, k, rank):
     assert got[:6] == [1, 2, 3, 4, 5, 6] and got[qop.STREAM_INDEX] == 9
 
 
+def test_launcher_without_cluster_counts(monkeypatch):
+    """Where the driver cannot count resident clusters, the launcher still launches: the split then counts every
+    resident CTA (the schedule without `clusters`)."""
+    from svdq_loader import driver
+    monkeypatch.setattr(driver, "device_attribute", lambda attr, ordinal: 132 if attr == 16 else 0)
+    inner = _Inner()
+
+    def no_count(sym, threads, smem, cluster):
+        raise driver.CudaError("cuOccupancyMaxActiveClusters(cluster 2) failed: CUDA_ERROR_NOT_SUPPORTED (801)")
+
+    inner.resident_clusters = no_count
+    ql = qop.QuantizeLauncher(inner, _Entry(32))
+    assert ql._clusters is None
+    ql.launch([1, 2, 3, 4, 5, 6, 0, 1536, 3072, 1, 1, 1, 9])
+    got = inner.launched[-1]
+    assert (got[qop.KSPLIT_INDEX], got[qop.CTAS_INDEX]) == (4, 384) == qop.schedule(1536, 3072, 32, 132, 3, 16,
+                                                                                     False)[:2]
+
+
 def test_per_call_workspace(monkeypatch):
     """Both workspace-taking launchers share `PerCallWorkspace._alloc`: uint8 bytes on the launcher's device
     ordinal, from torch.empty (the caching allocator), with the allocating function made once."""

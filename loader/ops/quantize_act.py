@@ -127,7 +127,7 @@ _LORA_SPLIT_MIN_K = 8192
 #: With LoRA, each warp gets at least this many steps of its tile's K.  H100, CUDA-graph timing (docs/PERF.md,
 #: session 36): at M = 256, K = 3072 four CTAs per tile (3 steps per warp) took 5.2 µs, eight (1.5) 6.0, two 6.6
 _LORA_MIN_WARP_STEPS = 3
-#: The cluster splits whose residency the launcher asks the driver for (`QuantizeLauncher.grid_facts`)
+#: The cluster splits whose residency the launcher asks the driver for (`QuantizeLauncher.cluster_facts`)
 CLUSTER_SPLITS = (2, 4, 8)
 
 
@@ -146,7 +146,7 @@ def ksplit_for(m: int, k: int, rank: int, sm_count: int, clusters: tuple | None 
     KSPLIT_MAX, at most one per step of a warp, with LoRA at most one per `_LORA_MIN_WARP_STEPS` steps.
 
     `clusters`: ((split, clusters of that many CTAs the device holds at once), ...), the driver's count
-    (`QuantizeLauncher.grid_facts`).  A cluster's CTAs share one GPC, so fewer clusters of 4 or 8 fit than the
+    (`QuantizeLauncher.cluster_facts`).  A cluster's CTAs share one GPC, so fewer clusters of 4 or 8 fit than the
     resident CTAs suggest (H100, rank 32: 92 of 4 and 45 of 8, against 396 CTAs); a split meant to fit in one
     round is not taken where the launch's clusters do not all fit (session 36: M = 1536, K = 3072, 96 clusters
     of 4 took 13.6 µs, 96 of 2 10.1).  None (no driver, e.g. on the CPU): every resident CTA counts.
@@ -272,11 +272,16 @@ class QuantizeLauncher(PerCallWorkspace):
         return (driver.device_attribute(driver.MULTIPROCESSOR_COUNT, ordinal),
                 self.device.resident_blocks(sym, self.threads, self._smem))
 
-    def cluster_facts(self) -> tuple:
+    def cluster_facts(self) -> tuple | None:
         """((split, clusters of that many CTAs the device holds at once), ...) for the splits `CLUSTER_SPLITS`,
-        from the driver (`ksplit_for` takes a split only where a launch's clusters all fit)."""
+        from the driver (`ksplit_for` takes a split only where a launch's clusters all fit); None where the
+        driver cannot say (the split then counts every resident CTA, as before it asked)."""
+        from .. import driver
         sym = next(iter(self.inner.kernels))
-        return tuple((s, self.device.resident_clusters(sym, self.threads, self._smem, s)) for s in CLUSTER_SPLITS)
+        try:
+            return tuple((s, self.device.resident_clusters(sym, self.threads, self._smem, s)) for s in CLUSTER_SPLITS)
+        except driver.CudaError:
+            return None
 
     def plan(self, m: int, k: int) -> tuple[int, int, int]:
         """(ksplit, ctas, workspace bytes) of an M x K call on this launcher's device (`schedule`)."""
