@@ -100,7 +100,7 @@ def test_measured_points(m, k, rank, want):
 
 
 # H100 (session 36, CUDA-graph timing), rank 32 with the driver's cluster counts: at K >= 8192 the range form where
-# a 2-CTA split would leave over a quarter of the resident CTAs idle (M = 1792 / 2048: 0-17 % faster than it), the
+# a 2-CTA split would leave over a quarter of the resident CTAs idle (M = 1792 / 2048: up to 17 % faster), the
 # split where it fills them (M = 2560 / 3072: 4-10 % faster than the range form); K = 3072 keeps the split
 @pytest.mark.parametrize("m,k,want", [
     (1536, 12288, (2, 192)), (1536, 3072, (2, 192)), (1792, 12288, (1, 396)), (1792, 15360, (1, 396)),

@@ -212,8 +212,9 @@ RANGE_MIN_TILES_NO_LORA = 16
 #: more tiles than a quarter of them where a 2-CTA split's one round would leave more than a quarter idle.
 #: Session 18 (H200): M = 4608, K = 12288 / 15360 3 / 6 % faster than the best cluster split, at K = 3072 10 %
 #: slower, at M = 9216 4-5 % slower.  Session 36 (H100, CUDA-graph timing, ranks 16 and 32, against the 2-CTA
-#: split): M = 1792 / 2048 (57 / 65 % of the resident CTAs busy at 2) 0-17 % faster; M = 2560 / 3072 (81 / 97 %)
-#: 4-10 % slower; M = 1280 and below 20-29 % slower; M = 1536 (48 %, a quarter in tiles) -2 / +4 %
+#: split): M = 1792 / 2048 (57 / 65 % of the resident CTAs busy at 2) up to 17 % faster (one point 1.5 %
+#: slower); M = 2560 / 3072 (81 / 97 %) 4-10 % slower; M = 1280 and below 20-29 % slower; M = 1536 (48 %, a
+#: quarter in tiles) -2 / +4 %
 RANGE_MIN_K_LORA = 8192
 
 
