@@ -83,11 +83,11 @@ FP8_SCHEDULES = ("ws", "ws_streamk")
 
 
 #: The FP8-compute MMA warps' weight fragment buffers (an experiment: correct, and slower at 13 of 15 points on an
-#: H100, session 33; ``SVDQ_KERNEL_SM90_FP8_BUFFERS``, which like every ``SVDQ_KERNEL_*`` switch enters the build cache key and the
-#: manifest): 2, the default, decodes k-tile kt + 1 after k-tile kt - 1's wgmmas are done (its buffer is the one kt + 1
-#: takes), so the decode sits between two k-tiles' MMAs; 3 decodes it right after k-tile kt's wgmmas are issued, into
-#: the buffer k-tile kt - 2 used, so it overlaps the MMAs of kt - 1 and kt (session 27: the FP8 main loop holds twice
-#: the exact one's decode per MMA cycle, and its GEMM issued on 37 % of cycles on an H100).
+#: H100, session 33; ``SVDQ_KERNEL_SM90_FP8_BUFFERS``, which like every ``SVDQ_KERNEL_*`` switch enters the build
+#: cache key and the manifest): 2, the default, decodes k-tile kt + 1 after k-tile kt - 1's wgmmas are done (its
+#: buffer is the one kt + 1 takes), so the decode sits between two k-tiles' MMAs; 3 decodes it right after k-tile kt's
+#: wgmmas are issued, into the buffer k-tile kt - 2 used, so it overlaps the MMAs of kt - 1 and kt (session 27: the
+#: FP8 main loop holds twice the exact one's decode per MMA cycle, and its GEMM issued on 37 % of cycles on an H100).
 FP8_BUFFERS = int(os.environ.get("SVDQ_KERNEL_SM90_FP8_BUFFERS", "2"))
 if FP8_BUFFERS not in (2, 3):
     raise ValueError(f"SVDQ_KERNEL_SM90_FP8_BUFFERS={FP8_BUFFERS}: the FP8-compute fragment buffers must be 2 or 3")

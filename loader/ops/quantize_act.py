@@ -158,7 +158,7 @@ def ksplit_for(m: int, k: int, rank: int, sm_count: int, clusters: tuple | None 
     def fits(split: int) -> bool:
         return tiles <= fit.get(split, tiles)
 
-    steps_per_warp_group = k // _CTA_STEP_K
+    cap = k // _CTA_STEP_K                           # one split per step of a CTA's warps at most
     if rank:
         fill = _LORA_CTAS_PER_SM * sm_count
         if tiles * 2 > fill:                         # many tiles: the split only pays at large K, in two rounds
@@ -167,14 +167,14 @@ def ksplit_for(m: int, k: int, rank: int, sm_count: int, clusters: tuple | None 
             s = 2 if fits(2) else 1
             while 1 < s < KSPLIT_MAX and tiles * 2 * s <= fill and fits(2 * s):
                 s *= 2
-        steps_per_warp_group //= _LORA_MIN_WARP_STEPS
+        cap //= _LORA_MIN_WARP_STEPS
     else:
         s = 8 if k >= _CTA_STEP_K * 8 * _MIN_WARP_STEPS_AT_8 else 4
         while s > 1 and not fits(s):
             s //= 2
         while 1 < s < KSPLIT_MAX and tiles * 2 * s <= 2 * sm_count and fits(2 * s):
             s *= 2
-    while s > 1 and s > steps_per_warp_group:
+    while s > 1 and s > cap:
         s //= 2
     return s
 
