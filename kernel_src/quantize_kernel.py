@@ -109,9 +109,9 @@ from cutlass import BFloat16, Float16, Float32, Int32, Int64
 
 from svdq_loader.ops.ranges import cta_of_unit, range_start, workspace_counter_bytes
 
-from .quantize_plan import (STEP_K, _RS_BYTES, _SM_STAGE_BYTES, _Cfg, _lora_bufs, _lora_copy_slot,
-                            _lora_tiles_bytes, _ldsm_row, _pitch, _rs_chunk, _smem_bytes, _srow, _uses_ring,
-                            _warp_smem, _x_stage_bytes, _x_stages, min_ctas_per_sm)
+from .quantize_plan import (STEP_K, _RS_BYTES, _SM_STAGE_BYTES, _Cfg, _epilogue_bytes, _lora_bufs, _lora_copy_slot,
+                            _lora_tiles_bytes, _ldsm_row, _pitch, _rs_chunk, _smem_bytes, _srow, _sums_per_thread,
+                            _uses_ring, _warp_smem, _x_stage_bytes, _x_stages, min_ctas_per_sm)
 from .quantize_ptx import (_asm, _ld_v4, _ld_pred_u32, _f32_pair, _pack_pair, _mul_pair, _sts_u32, _rcp16, _div6,
                            _amax_pairs, _thresholds, _code_pair, _bytes4, _e4m3_pair, _st_v2_pred, _st_u8_pred,
                            _st_u32_pred, _cp_async16, _cp_async16_cg, _cp_async4, _lds_v4, _lds_u32, _cp_commit,
@@ -299,8 +299,8 @@ class _QuantizeAct:
                             _sts_f(red + ((rr0 + 1) * R + rc + 8) * 4, acc[o + 3])
                     cute.arch.sync_threads()
                     npairs = self.rows_cta * R // 2
-                    per_thr = (npairs + 32 * W - 1) // (32 * W)
-                    assert _RS_BYTES + self.rows_cta * R * 4 + per_thr * 32 * W * 8 <= self.warp_smem   # the sums fit
+                    per_thr = _sums_per_thread(self.cfg)
+                    assert _epilogue_bytes(self.cfg) <= self.warp_smem     # the validity predicate's rule
                     lab = lora_act_in.toint()
                     b0 = base.toint() + _RS_BYTES
                     tot = cute.make_rmem_tensor((2 * per_thr,), Float32)

@@ -92,6 +92,21 @@ def _smem_bytes(cfg: _Cfg) -> int:
     return cfg.warps * _warp_smem(cfg)
 
 
+def _sums_per_thread(cfg: _Cfg) -> int:
+    """LoRA sum pairs each thread adds up in the epilogue: the CTA's rows x R / 2 pairs over its threads."""
+    threads = 32 * cfg.warps
+    return (16 * cfg.mtiles * cfg.rank // 2 + threads - 1) // threads
+
+
+def _epilogue_bytes(cfg: _Cfg) -> int:
+    """Bytes of a warp's SMEM the LoRA epilogue re-uses (after the step loop): the reciprocals' buffer, the warp's
+    [rows][R] fp32 partial sums, then the CTA's per-thread pair totals.  The kernel requires it to be at most
+    `_warp_smem`, and the validity predicate refuses a configuration where it is not."""
+    if not cfg.rank:
+        return 0
+    return _RS_BYTES + 16 * cfg.mtiles * cfg.rank * 4 + _sums_per_thread(cfg) * 32 * cfg.warps * 8
+
+
 def _est_registers(cfg: _Cfg) -> int:
     """Rough per-thread register need (for the validity predicate; ptxas decides the real number)."""
     words = cfg.mtiles * 2 * 8
@@ -111,6 +126,11 @@ def _problem(cfg: _Cfg, arch: str) -> Optional[str]:
         ring = f"{_x_stages(cfg)} x stages of {_x_stage_bytes(cfg)} B, " if _uses_ring(cfg) else ""
         return (f"needs {smem} B of dynamic SMEM ({cfg.warps} warps x {_warp_smem(cfg)} B: {ring}rank {cfg.rank} "
                 f"lora_down tiles of {_lora_tiles_bytes(cfg)} B), more than the {limit} B a CTA may use on {arch}")
+    epi = _epilogue_bytes(cfg)
+    if epi > _warp_smem(cfg):
+        return (f"the LoRA epilogue needs {epi} B of each warp's SMEM ({16 * cfg.mtiles} rows x rank {cfg.rank} fp32 "
+                f"sums and the CTA's pair totals), more than the {_warp_smem(cfg)} B a warp has (its lora_down tiles "
+                f"and reciprocals, which the epilogue re-uses): rank {cfg.rank} needs mtiles 1")
     regs = _est_registers(cfg)
     if regs > 255:
         return (f"needs about {regs} registers per thread (mtiles {cfg.mtiles} x rank {cfg.rank} fp32 "
