@@ -106,6 +106,34 @@ def table_reason(family_name: str, archs: tuple, arch: str, knobs: dict, *tables
     return knob_problems(family_name, knobs, *tables)
 
 
+def forms_axes(section: dict, form_axes) -> tuple[list[dict], list[str]]:
+    """A config section written as ``forms`` (a list of sections, each with an optional ``ranks``) -> the union of
+    each form's tuning dicts, ``form_axes(form, where)`` giving one form's dicts and problems (`where` prefixes
+    them).  A form that lists ``ranks`` is built for those LoRA ranks only (``"_only"``; of the config's ranks)."""
+    from .variants import ONLY_KEY
+    problems: list[str] = []
+    if set(section) - {"forms"}:
+        problems.append(f"{', '.join(sorted(set(section) - {'forms'}))}: not allowed beside forms "
+                        f"(put them inside each form)")
+    forms = section["forms"]
+    if not isinstance(forms, list) or not forms or not all(isinstance(f, dict) for f in forms):
+        return [], problems + [f"forms: {forms!r}: expected a non-empty list of mappings"]
+    out: list[dict] = []
+    for i, form in enumerate(forms):
+        form = dict(form)
+        ranks = form.pop("ranks", None)
+        got, probs = form_axes(form, f"forms[{i}].")
+        problems += probs
+        if ranks is not None:
+            if (not isinstance(ranks, list) or not ranks
+                    or not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks)):
+                problems.append(f"forms[{i}].ranks: {ranks!r}: expected a non-empty list of integers")
+                continue
+            got = [dict(g, **{ONLY_KEY: {"rank": tuple(ranks)}}) for g in got]
+        out += [g for g in got if g not in out]
+    return out, problems
+
+
 def knobless_functions(op: str, family_name: str, archs: tuple, feature_values: dict):
     """``(config_axes, resolve, invalid_reason)`` of a family without tuning knobs (one variant per arch, e.g. the
     sm_90a pre-passes decode_act and act_fp8): its config section must be ``{}``, and its validity predicate is

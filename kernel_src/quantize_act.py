@@ -33,10 +33,20 @@ TUNING: dict[str, tuple] = dict(
     mtiles=(1, 2),
 )
 DEFAULT_TUNING = dict(warps=4, mtiles=1)
-#: Loader ranking (svdq_loader.select_rules): the H200 sweep of docs/PERF.md found warps=4, mtiles=1
-#: fastest at every K and R measured (M = 4608), so fewer warps and m-tiles first, one bucket.
-SELECTION = [{"m_max": None, "priority": 0, "prefer": [{"knob": "mtiles", "order": "asc"},
-                                                       {"knob": "warps", "order": "asc"}]}]
+#: Loader ranking (svdq_loader.select_rules): fewer warps and m-tiles first (the H200 sweep of docs/PERF.md found
+#: warps=4, mtiles=1 fastest at every K and R it measured, M = 4608), except rank 48 at M >= 2048, where two m-tiles
+#: per warp come first: H100, docs/PERF.md session 37, 12-27 % faster at M = 2048, 4096 and 4608 and (K >= 12288)
+#: 3072, 1-8 % slower at M = 3072 and 4608 with K = 3072; ranks 16 and 32 were 1 % faster to 20 % slower with two
+#: (M = 4608), so the rule prefers them at rank 48 only, and `configs/flux.yaml` builds them for rank 48 only.
+MTILES2_RANK = 48
+MTILES2_M_MIN = 2048
+SELECTION = [
+    {"m_max": MTILES2_M_MIN - 1, "priority": 0, "prefer": [{"knob": "mtiles", "order": "asc"},
+                                                           {"knob": "warps", "order": "asc"}]},
+    {"m_max": None, "priority": 0, "prefer": [
+        {"knob": "mtiles", "order": "desc", "when": {"dim": "rank", "min": MTILES2_RANK, "max": MTILES2_RANK}},
+        {"knob": "mtiles", "order": "asc"}, {"knob": "warps", "order": "asc"}]},
+]
 #: Feature-knob values this family builds (the op spec lists the knobs).
 FEATURE_VALUES: dict[str, tuple] = dict(
     dtype=("bf16", "fp16"),
@@ -51,23 +61,31 @@ FEATURE_VALUES: dict[str, tuple] = dict(
 
 
 def config_axes(arch: str, section: dict) -> tuple[list[dict], list[str]]:
-    """``variants.<arch>.quantize_act`` -> tuning dicts.  Keys ``warps``, ``mtiles`` (lists);
-    defaults: one variant, warps=4, mtiles=1."""
+    """``variants.<arch>.quantize_act`` -> tuning dicts.  Keys ``warps``, ``mtiles`` (lists; every combination);
+    defaults: one variant, warps=4, mtiles=1.  Or ``forms``: a list of such sections, built as their union, each
+    with an optional ``ranks`` (that form is built for those LoRA ranks only)."""
+    if "forms" in section:
+        from svdq_aot.family import forms_axes
+        return forms_axes(section, _form_axes)
+    return _form_axes(section, "")
+
+
+def _form_axes(section: dict, where: str) -> tuple[list[dict], list[str]]:
     problems: list[str] = []
     for key in sorted(set(section) - set(TUNING)):
-        problems.append(f"{key}: unknown key (allowed: {', '.join(TUNING)})")
+        problems.append(f"{where}{key}: unknown key (allowed: {', '.join(TUNING)})")
     lists = {}
     for key, allowed in TUNING.items():
         vals = section.get(key, [DEFAULT_TUNING[key]])
         if not isinstance(vals, list) or not vals:
-            problems.append(f"{key}: {vals!r}: expected a non-empty list")
+            problems.append(f"{where}{key}: {vals!r}: expected a non-empty list")
             vals = []
         good = []
         for i, v in enumerate(vals):
             if isinstance(v, bool) or v not in allowed:
-                problems.append(f"{key}[{i}]: {v!r}: not supported (allowed: {', '.join(map(str, allowed))})")
+                problems.append(f"{where}{key}[{i}]: {v!r}: not supported (allowed: {', '.join(map(str, allowed))})")
             elif v in good:
-                problems.append(f"{key}[{i}]: {v!r}: duplicate value")
+                problems.append(f"{where}{key}[{i}]: {v!r}: duplicate value")
             else:
                 good.append(v)
         lists[key] = good

@@ -201,28 +201,8 @@ def config_axes(arch: str, section: dict) -> tuple[list[dict], list[str]]:
     config's ``ranks``), e.g. a fallback form that only one rank needs."""
     if "forms" not in section:
         return _form_axes(section, "")
-    problems: list[str] = []
-    if set(section) - {"forms"}:
-        problems.append(f"{', '.join(sorted(set(section) - {'forms'}))}: not allowed beside forms "
-                        f"(put them inside each form)")
-    forms = section["forms"]
-    if not isinstance(forms, list) or not forms or not all(isinstance(f, dict) for f in forms):
-        return [], problems + [f"forms: {forms!r}: expected a non-empty list of mappings"]
-    from svdq_aot.variants import ONLY_KEY
-    out: list[dict] = []
-    for i, form in enumerate(forms):
-        form = dict(form)
-        ranks = form.pop("ranks", None)
-        got, probs = _form_axes(form, f"forms[{i}].")
-        problems += probs
-        if ranks is not None:
-            if (not isinstance(ranks, list) or not ranks
-                    or not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks)):
-                problems.append(f"forms[{i}].ranks: {ranks!r}: expected a non-empty list of integers")
-                continue
-            got = [dict(g, **{ONLY_KEY: {"rank": tuple(ranks)}}) for g in got]
-        out += [g for g in got if g not in out]
-    return out, problems
+    from svdq_aot.family import forms_axes
+    return forms_axes(section, _form_axes)
 
 
 def _form_axes(section: dict, where: str) -> tuple[list[dict], list[str]]:

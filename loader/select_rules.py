@@ -29,8 +29,9 @@ over knobs: per M bucket an ordered list of preferences, each over one knob::
   (in 128 x 128 k-steps), CTAs = ceil(M / tile_m) x ceil(N / tile_n) x S and waves = ceil(CTAs / (SMs x
   ctas_per_sm)).  Smaller is preferred; the family documents the measurements behind its constants.
 * a knob preference may carry ``"when": {"dim": "n", "min": 9216}`` (``min``
-  and/or ``max``, over ``m``, ``n`` or ``k``): it then ranks only problems
-  inside that range, and every variant equal elsewhere;
+  and/or ``max``, over ``m``, ``n`` or ``k``, or ``rank``: the variant's LoRA
+  rank, which every candidate of a call shares with the call): it then ranks
+  only problems inside that range, and every variant equal elsewhere;
 * ``priority``: between families of one (op, arch), the lower wins (ties: the
   family name).  Within a family the preferences rank lexicographically:
   ``order`` ``asc`` (smaller first), ``desc`` (larger first), or ``values``
@@ -59,37 +60,40 @@ class Preference:
     order: str = "asc"                 # "asc" | "desc" | "values"
     values: tuple = ()
     #: () or (dim, lo, hi): the preference applies only to problems with lo <= dims[dim] <= hi (None: unbounded);
-    #: elsewhere it ranks every variant equal
+    #: elsewhere it ranks every variant equal.  A dim of `WHEN_FEATURES` is read from the variant's knobs instead
+    #: (a feature: every candidate of one call has the call's value)
     when: tuple = ()
 
     @property
     def knobs(self) -> tuple[str, ...]:
         return (self.knob,)
 
-    def applies(self, dims: Mapping[str, int]) -> bool:
+    def applies(self, dims: Mapping[str, int], knobs: Mapping[str, Any] | None = None) -> bool:
         if not self.when:
             return True
         dim, lo, hi = self.when
-        v = int(dims.get(dim, 1))
+        v = int((knobs or {}).get(dim, 0)) if dim in WHEN_FEATURES else int(dims.get(dim, 1))
         return (lo is None or v >= lo) and (hi is None or v <= hi)
 
     def rank(self, knobs: Mapping[str, Any], dims: Mapping[str, int], sm_count: int) -> tuple:
         """Sort key of a variant's knobs under this preference (smaller = preferred)."""
-        return self.key(knobs.get(self.knob)) if self.applies(dims) else ()
+        return self.key(knobs.get(self.knob)) if self.applies(dims, knobs) else ()
 
     def differs(self, a: Mapping[str, Any], b: Mapping[str, Any], dims, sm_count) -> str:
         """What makes knobs `a` rank below `b` under this preference ('' when they rank equal)."""
-        if not self.applies(dims) or self.key(a.get(self.knob)) == self.key(b.get(self.knob)):
+        if not self.applies(dims, a) or self.key(a.get(self.knob)) == self.key(b.get(self.knob)):
             return ""
         return f"{self.knob}={a.get(self.knob)} vs {b.get(self.knob)}{self._when_text()}"
 
     def chosen_text(self, knobs: Mapping[str, Any], dims, sm_count) -> str:
-        return f"{self.knob}={knobs.get(self.knob)}{self._when_text()}" if self.applies(dims) else ""
+        return f"{self.knob}={knobs.get(self.knob)}{self._when_text()}" if self.applies(dims, knobs) else ""
 
     def _when_text(self) -> str:
         if not self.when:
             return ""
         dim, lo, hi = self.when
+        if lo is not None and lo == hi:
+            return f" (as {dim} = {lo})"
         if hi is None:
             return f" (as {dim} >= {lo})"
         if lo is None:
@@ -357,15 +361,16 @@ def parse_buckets(raw: Any, where: str, knobs: Sequence[str] | None = None) -> t
     return tuple(out)
 
 
-#: The problem dims a `when` condition may read.
-WHEN_DIMS = ("m", "n", "k")
+#: The problem dims a `when` condition may read, and the features it may read from the variant's knobs.
+WHEN_FEATURES = ("rank",)
+WHEN_DIMS = ("m", "n", "k") + WHEN_FEATURES
 
 
 def _parse_when(raw: Any, path: str, fail) -> tuple:
     """``{dim, min, max}`` (min and/or max, integers, min <= max) -> (dim, lo, hi)."""
     if not isinstance(raw, Mapping) or set(raw) - {"dim", "min", "max"} or "dim" not in raw \
             or not ({"min", "max"} & set(raw)):
-        fail(path, raw, "expected {dim: m|n|k, min: integer and/or max: integer}")
+        fail(path, raw, "expected {dim: m|n|k|rank, min: integer and/or max: integer}")
     if raw["dim"] not in WHEN_DIMS:
         fail(f"{path}.dim", raw["dim"], f"expected one of {', '.join(WHEN_DIMS)}")
     lo, hi = raw.get("min"), raw.get("max")

@@ -438,6 +438,19 @@ def test_when_conditions_rank_only_inside_their_range_and_round_trip():
                           ["tile_n"])
 
 
+def test_a_rank_condition_reads_the_variant_s_rank_and_round_trips():
+    raw = [{"m_max": None, "prefer": [{"knob": "mtiles", "order": "desc", "when": {"dim": "rank", "min": 48, "max": 48}},
+                                      {"knob": "mtiles", "order": "asc"}]}]
+    b = parse_buckets(raw, "t", ["mtiles"])
+    assert [p.to_dict() for p in b[0].prefer] == raw[0]["prefer"]
+    p_r = b[0].prefer[0]
+    one, two = dict(rank=48, mtiles=1), dict(rank=48, mtiles=2)
+    assert p_r.rank(two, {"m": 4096}, 132) < p_r.rank(one, {"m": 4096}, 132)
+    assert p_r.rank(dict(one, rank=32), {"m": 4096, "rank": 48}, 132) == ()     # the variant's rank, not a dim
+    assert p_r.differs(one, two, {"m": 4096}, 132) == "mtiles=1 vs 2 (as rank = 48)"
+    assert p_r.text() == "mtiles larger first (where rank = 48)"
+
+
 #: Session 17 (docs/PERF.md), M = 64, R = 32, bf16, µs: configs/flux.yaml's two 64-row forms (the images tile,
 #: unsplit, eight weight sets; the producer-decode tile over 4 CTAs, four activation sets) from one sweep, and the
 #: 128-row producer-decode forms from the same session's sweep of the previous build.  (K, N) -> µs per form.

@@ -52,21 +52,32 @@ EDGE64 = [{"m_max": 64, "priority": 0, "prefer": [{"knob": "tile_m", "order": "a
           {"m_max": None, "priority": 0, "prefer": [{"knob": "tile_m", "order": "desc"}]}]
 Q4 = "svdq_quantize_act_sm90a_dtypebf16_rank0_warps4_mtiles1_reqk64"
 Q8 = "svdq_quantize_act_sm90a_dtypebf16_rank0_warps8_mtiles1_reqk64"
+#: quantize_act's rule for these builds: one bucket, fewer warps first (the family's own rule has a second bucket
+#: from M = 2048 for rank 48, which would split the tuning jobs of every rank in two)
+ONE_BUCKET_Q = [{"m_max": None, "priority": 0, "prefer": [{"knob": "mtiles", "order": "asc"},
+                                                          {"knob": "warps", "order": "asc"}]}]
+
+
+def _build_two(cfg: str, out: str) -> None:
+    """build() with the two test rules above in place of the families' own (read when the manifest is written)."""
+    from svdq_aot.build import build
+    from svdq_kernels import quantize_act as qfam
+    from svdq_kernels import sm90_wgmma_w4a4 as fam
+    saved = fam.SELECTION, qfam.SELECTION
+    fam.SELECTION, qfam.SELECTION = EDGE64, ONE_BUCKET_Q
+    try:
+        build(cfg, out, jobs=1)
+    finally:
+        fam.SELECTION, qfam.SELECTION = saved
 
 
 @pytest.fixture(scope="session")
 def two_artifacts(tmp_path_factory):
     """A real build with two candidates per problem (two GEMM tiles, two quantize_act warp counts)."""
     pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed: cannot build artifacts here")
-    from svdq_aot.build import build
-    from svdq_kernels import sm90_wgmma_w4a4 as fam
     base = tmp_path_factory.mktemp("two_candidates")
     (base / "two.yaml").write_text(TWO)
-    saved, fam.SELECTION = fam.SELECTION, EDGE64          # read when the manifest is written (in this process)
-    try:
-        build(str(base / "two.yaml"), str(base / "artifacts"), jobs=1)
-    finally:
-        fam.SELECTION = saved
+    _build_two(str(base / "two.yaml"), str(base / "artifacts"))
     return base / "artifacts"
 
 
@@ -469,15 +480,14 @@ def test_device_name_strips_the_nul_padding(monkeypatch):
 
 # ---------------------------------------------------------------- a rebuild drops a stale table
 def test_rebuild_drops_a_table_measured_for_other_kernels(two_artifacts, tmp_path):
-    from svdq_aot.build import build
     art = tmp_path / "art"
     shutil.copytree(two_artifacts, art)
     cfg = tmp_path / "two.yaml"
     cfg.write_text(TWO)
     t = _table(art, {("gemm_w4a4", 1): G128, ("gemm_w4a4", 65): G64, ("quantize_act", 1): Q8})
     (art / TABLE_NAME).write_text(t.to_json())
-    build(str(cfg), str(art), jobs=1)                  # the same kernels: the manifest and the table stay valid
+    _build_two(str(cfg), str(art))                     # the same kernels: the manifest and the table stay valid
     assert svdq_loader.load(art).tuning is not None
     cfg.write_text(TWO.replace("warps: [4, 8]", "warps: [4]"))
-    build(str(cfg), str(art), jobs=1)                  # other kernels: the table is removed with the old files
+    _build_two(str(cfg), str(art))                     # other kernels: the table is removed with the old files
     assert not (art / TABLE_NAME).exists() and svdq_loader.load(art).tuning is None
