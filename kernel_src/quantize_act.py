@@ -34,17 +34,18 @@ TUNING: dict[str, tuple] = dict(
 )
 DEFAULT_TUNING = dict(warps=4, mtiles=1)
 #: Loader ranking (svdq_loader.select_rules): fewer warps and m-tiles first (the H200 sweep of docs/PERF.md found
-#: warps=4, mtiles=1 fastest at every K and R it measured, M = 4608), except rank 48 at M >= 2048, where two m-tiles
-#: per warp come first: H100, docs/PERF.md session 37, 12-27 % faster at M = 2048, 4096 and 4608 and (K >= 12288)
-#: 3072, 1-8 % slower at M = 3072 and 4608 with K = 3072; ranks 16 and 32 were 1 % faster to 20 % slower with two
-#: (M = 4608), so the rule prefers them at rank 48 only, and `configs/flux.yaml` builds them for rank 48 only.
-MTILES2_RANK = 48
+#: warps=4, mtiles=1 fastest at every K and R it measured, M = 4608), except ranks 48 and 64 at M >= 2048, where two
+#: m-tiles per warp come first: on an H100 (docs/PERF.md, session 37; the loader's schedule for each) they took 11-28 %
+#: less time at M = 2048 and 4096, 15-18 % less at M = 4608, 4-6 % at M = 3072 and 11 % at M = 9216 where K >= 12288,
+#: and 1-9 % more at M = 3072 and 4608 where K = 3072; ranks 16 and 32 were at most 1 % faster and up to 20 % slower
+#: with two (M = 4608), so the rule prefers them at ranks 48-64 only, and `configs/flux.yaml` builds them only there.
+MTILES2_RANKS = (48, 64)
 MTILES2_M_MIN = 2048
 SELECTION = [
     {"m_max": MTILES2_M_MIN - 1, "priority": 0, "prefer": [{"knob": "mtiles", "order": "asc"},
                                                            {"knob": "warps", "order": "asc"}]},
     {"m_max": None, "priority": 0, "prefer": [
-        {"knob": "mtiles", "order": "desc", "when": {"dim": "rank", "min": MTILES2_RANK, "max": MTILES2_RANK}},
+        {"knob": "mtiles", "order": "desc", "when": {"dim": "rank", "min": MTILES2_RANKS[0], "max": MTILES2_RANKS[1]}},
         {"knob": "mtiles", "order": "asc"}, {"knob": "warps", "order": "asc"}]},
 ]
 #: Feature-knob values this family builds (the op spec lists the knobs).

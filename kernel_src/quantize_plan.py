@@ -70,13 +70,15 @@ def _x_stage_bytes(cfg: _Cfg) -> int:
 #: warp's SMEM, and the SM's L1 (through which x and the tiles are read) shrinks by as much.  H200, docs/PERF.md
 #: session 19: rank 64 (two buffers: 74 KB per CTA, three CTAs leave about 6 KB of L1) 7-11 % faster with one;
 #: rank 32 (42 KB per CTA with two) 14-18 % slower with one, rank 16 (at 4 CTAs per SM) 10-31 %.  The ring form
-#: (rank 96) keeps two: its copies keep the x / tile order (see `_x_stages`).
+#: (rank 96) keeps two: its copies keep the x / tile order (see `_x_stages`).  Two m-tiles per warp keep two as
+#: well: their LoRA epilogue's 32 rows of sums need the SMEM (`_epilogue_bytes`: 16512 B at rank 64, one buffer
+#: gives 9344), and with two CTAs per SM (253 registers) the L1 keeps about 80 KB.
 _ONE_LORA_BUFFER_RANKS = (64,)
 
 
 def _lora_bufs(cfg: _Cfg) -> int:
-    """lora_down tile buffers per warp (see _ONE_LORA_BUFFER_RANKS)."""
-    return 1 if cfg.rank in _ONE_LORA_BUFFER_RANKS and not _uses_ring(cfg) else 2
+    """lora_down tile buffers per warp (see _ONE_LORA_BUFFER_RANKS; two m-tiles keep two)."""
+    return 1 if cfg.rank in _ONE_LORA_BUFFER_RANKS and cfg.mtiles == 1 and not _uses_ring(cfg) else 2
 
 
 def _lora_tiles_bytes(cfg: _Cfg) -> int:

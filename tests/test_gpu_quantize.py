@@ -219,31 +219,33 @@ def test_quantize_then_gemm(lib, use_smooth, r):
     assert rel2 <= 0.25, f"end-to-end error {rel2:.3f} is beyond NVFP4 activation quantization error"
 
 
-# 8. two 16-row m-tiles per warp (configs/flux.yaml builds them for rank 48; the loader takes them at M >= 2048):
-#    the loader's own choice and schedule, then the cluster and range forms forced, M tails included
-def _two_m_tiles(lib, dt):
+# 8. two 16-row m-tiles per warp (configs/flux.yaml builds them for ranks 48 and 64; the loader takes them at
+#    M >= 2048): the loader's own choice and schedule, then the cluster and range forms forced, M tails included
+def _two_m_tiles(lib, dt, rank):
     names = {v.name for v in lib.variants if v.op == "quantize_act" and dict(v.knobs).get("mtiles") == 2
-             and dict(v.knobs).get("rank") == 48 and dict(v.knobs).get("dtype") == dt}
+             and dict(v.knobs).get("rank") == rank and dict(v.knobs).get("dtype") == dt}
     if not names:
-        pytest.skip(f"these artifacts build no rank-48 quantize_act with two m-tiles per warp for {dt}")
+        pytest.skip(f"these artifacts build no rank-{rank} quantize_act with two m-tiles per warp for {dt}")
     return names
 
 
+@pytest.mark.parametrize("rank", [48, 64])
 @pytest.mark.parametrize("m,k", [(2048, 3072), (2100, 12288), (4608, 15360)])
 @pytest.mark.parametrize("dt", ["bf16", "fp16"])
-def test_two_m_tiles_chosen_and_exact(lib, m, k, dt):
-    names = _two_m_tiles(lib, dt)
-    ex = lib.explain("quantize_act", m=m, k=k, rank=48, dtype=dt)
+def test_two_m_tiles_chosen_and_exact(lib, rank, m, k, dt):
+    names = _two_m_tiles(lib, dt, rank)
+    ex = lib.explain("quantize_act", m=m, k=k, rank=rank, dtype=dt)
     assert ex.chosen.name in names, ex.text()
-    _case(lib, m, k, dt, True, 48, seed=m + k)
+    _case(lib, m, k, dt, True, rank, seed=m + k + rank)
 
 
+@pytest.mark.parametrize("rank", [48, 64])
 @pytest.mark.parametrize("form", ["cluster2", "cluster4", "tiles+1", "fill"])
-def test_two_m_tiles_forced_forms(lib, monkeypatch, form):
-    _two_m_tiles(lib, "bf16")
+def test_two_m_tiles_forced_forms(lib, monkeypatch, rank, form):
+    _two_m_tiles(lib, "bf16", rank)
     if form.startswith("cluster"):
         _force_cluster(monkeypatch, int(form[-1]))
     else:
         _force_range(monkeypatch, RANGE_GRIDS[form])
-    _case(lib, 2100, 3072, "bf16", True, 48, seed=7 + len(form))
-    _case(lib, 2063, 256, "bf16", False, 48, seed=8 + len(form))
+    _case(lib, 2100, 3072, "bf16", True, rank, seed=7 + len(form) + rank)
+    _case(lib, 2063, 256, "bf16", False, rank, seed=8 + len(form) + rank)

@@ -176,10 +176,6 @@ def test_family_contract():
     ("sm_120a", dict(rank=128, warps=4, scale_layout="blocked"), "100352 B"),
     ("sm_121a", dict(rank=48, warps=8, scale_layout="blocked"), "100352 B"),
     ("sm_90a", dict(extra=1), "unknown"),
-    # the LoRA epilogue's sums re-use the warp's SMEM: 32 rows x rank 64 do not fit the one lora_down buffer of rank
-    # 64 (before this rule the kernel's trace-time assertion failed the build with no reason)
-    ("sm_90a", dict(rank=64, mtiles=2), "16512 B"),
-    ("sm_100a", dict(rank=64, mtiles=2, warps=2, scale_layout="blocked"), "16512 B"),
 ])
 def test_invalid_knobs_rejected_with_reason(arch, knobs, words):
     base = _knobs("sm_90a", "bf16", 32)
@@ -187,10 +183,25 @@ def test_invalid_knobs_rejected_with_reason(arch, knobs, words):
         base.update(knobs)
     reason = fam.invalid_reason(arch, base)
     assert reason and words in reason, reason
-    if words in ("SMEM", "16512 B"):
+    if words == "SMEM":
         assert re.search(r"\d+ B", reason), "resource reasons give numbers"
     with pytest.raises(ValueError):
         fam.compile(arch, base, "svdq_quantize_act_bad", "/tmp/svdq_qa_bad")
+
+
+def test_a_lora_epilogue_that_does_not_fit_the_warp_smem_is_refused(monkeypatch):
+    """The LoRA epilogue re-uses each warp's SMEM for its partial sums (`_epilogue_bytes`).  Two m-tiles keep two
+    lora_down buffers, so every built configuration fits; with one (rank 64's mtiles-1 choice) 32 rows of rank-64
+    sums would not, and the predicate says so with the bytes (the kernel's trace-time assertion once failed such a
+    build with no reason)."""
+    from svdq_kernels import quantize_plan as qp
+    knobs = dict(_knobs("sm_90a", "bf16", 64), mtiles=2)
+    assert fam.invalid_reason("sm_90a", knobs) is None
+    monkeypatch.setattr(qp, "_lora_bufs", lambda cfg: 1)
+    reason = fam.invalid_reason("sm_90a", knobs)
+    assert reason and "16512 B" in reason and "9344 B" in reason, reason
+    with pytest.raises(ValueError):
+        fam.compile("sm_90a", knobs, "svdq_quantize_act_bad", "/tmp/svdq_qa_bad")
 
 
 @pytest.mark.parametrize("rank", [16, 32, 48, 64, 96, 128])

@@ -13,7 +13,7 @@ fam = pytest.importorskip("svdq_kernels.quantize_act", reason="the quantize_act 
 
 #: (rank, M, K) -> (mtiles 1, mtiles 2) µs, 4 warps, bf16, smoothing on, the loader's own launch schedule for each
 #: (`tools/quant_sweep.py ... --ctas auto`, CUDA-graph timing, every output checked against the torch version).
-#: Rank 48: call 2; ranks 16 and 32: call 1.
+#: Rank 48: call 2; ranks 16 and 32: call 1; rank 64: call 9.
 MEASURED_S37 = {
     (48, 256, 3072): (6.2, 7.8), (48, 256, 12288): (13.3, 13.0), (48, 256, 15360): (15.4, 15.4),
     (48, 512, 3072): (8.4, 8.0), (48, 512, 12288): (17.7, 19.4), (48, 512, 15360): (21.1, 23.0),
@@ -28,6 +28,12 @@ MEASURED_S37 = {
     (32, 1024, 3072): (8.7, 10.2), (32, 1024, 12288): (21.0, 29.1), (32, 1024, 15360): (24.5, 35.4),
     (32, 4608, 3072): (19.1, 23.0), (32, 4608, 12288): (64.2, 63.5), (32, 4608, 15360): (78.2, 77.8),
     (32, 9216, 3072): (37.9, 43.5), (32, 9216, 12288): (118.4, 138.3), (32, 9216, 15360): (145.0, 172.0),
+    (64, 1024, 3072): (11.1, 11.8), (64, 1024, 12288): (28.4, 32.8), (64, 1024, 15360): (33.6, 40.5),
+    (64, 2048, 3072): (16.2, 12.6), (64, 2048, 12288): (43.9, 35.9), (64, 2048, 15360): (51.7, 43.6),
+    (64, 3072, 3072): (17.1, 17.8), (64, 3072, 12288): (52.7, 50.0), (64, 3072, 15360): (64.3, 60.4),
+    (64, 4096, 3072): (25.7, 19.0), (64, 4096, 12288): (75.6, 54.5), (64, 4096, 15360): (92.1, 66.7),
+    (64, 4608, 3072): (26.1, 26.5), (64, 4608, 12288): (83.5, 68.4), (64, 4608, 15360): (101.3, 83.1),
+    (64, 9216, 3072): (44.7, 43.6), (64, 9216, 12288): (153.7, 136.6), (64, 9216, 15360): (187.6, 166.8),
 }
 
 
@@ -58,20 +64,21 @@ def test_rule_picks_a_form_within_9_percent_of_the_faster(rules, point):
         assert t[picked] == min(t.values()), (point, t, ex.text())
 
 
-def test_two_m_tiles_only_at_rank_48_from_m_2048(rules):
-    for rank in (0, 16, 32, 48, 64):
+def test_two_m_tiles_only_at_ranks_48_and_64_from_m_2048(rules):
+    for rank in (0, 16, 32, 48, 64, 96, 128):
         for m in (1, 2047, 2048, 9216):
             ex = select.explain([_variant(rank, 1), _variant(rank, 2)], rules, _problem(rank, m, 3072))
-            assert ex.chosen.knobs["mtiles"] == (2 if rank == 48 and m >= 2048 else 1), (rank, m)
-            if rank == 48 and m >= 2048:
-                assert "mtiles=2 (as rank = 48)" in " ".join(ex.why), ex.why
+            two = rank in (48, 64) and m >= 2048
+            assert ex.chosen.knobs["mtiles"] == (2 if two else 1), (rank, m)
+            if two:
+                assert "mtiles=2 (as 48 <= rank <= 64)" in " ".join(ex.why), ex.why
 
 
 def test_config_forms_build_two_m_tiles_for_the_listed_ranks_only():
     from svdq_aot.variants import ONLY_KEY
-    dicts, problems = fam.config_axes("sm_90a", {"forms": [{}, {"mtiles": [2], "ranks": [48]}]})
+    dicts, problems = fam.config_axes("sm_90a", {"forms": [{}, {"mtiles": [2], "ranks": [48, 64]}]})
     assert problems == []
-    assert dicts == [dict(warps=4, mtiles=1), {"warps": 4, "mtiles": 2, ONLY_KEY: {"rank": (48,)}}]
+    assert dicts == [dict(warps=4, mtiles=1), {"warps": 4, "mtiles": 2, ONLY_KEY: {"rank": (48, 64)}}]
     assert fam.config_axes("sm_90a", {}) == ([dict(warps=4, mtiles=1)], [])
     for section, words in (({"forms": [{"mtiles": [3]}]}, "forms[0].mtiles[0]: 3: not supported"),
                            ({"forms": [{"tiles": [1]}]}, "forms[0].tiles: unknown key"),
@@ -82,7 +89,7 @@ def test_config_forms_build_two_m_tiles_for_the_listed_ranks_only():
         assert any(words in p for p in problems), (section, problems)
 
 
-def test_flux_config_builds_rank_48_with_two_m_tiles_on_sm90a_only():
+def test_flux_config_builds_ranks_48_and_64_with_two_m_tiles_on_sm90a_only():
     import os
     from svdq_aot.config import load_config
     from svdq_aot.variants import enumerate_variants
@@ -91,4 +98,4 @@ def test_flux_config_builds_rank_48_with_two_m_tiles_on_sm90a_only():
     two = [(v.arch, dict(v.knobs)) for v in enumerate_variants(cfg)[0] if v.op == "quantize_act"
            and dict(v.knobs).get("mtiles") == 2]
     assert sorted((a, kn["rank"], kn["dtype"]) for a, kn in two) == [
-        ("sm_90a", 48, "bf16"), ("sm_90a", 48, "fp16")]
+        ("sm_90a", 48, "bf16"), ("sm_90a", 48, "fp16"), ("sm_90a", 64, "bf16"), ("sm_90a", 64, "fp16")]
