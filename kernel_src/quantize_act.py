@@ -36,7 +36,7 @@ DEFAULT_TUNING = dict(warps=4, mtiles=1)
 #: Loader ranking (svdq_loader.select_rules): fewer warps and m-tiles first (the H200 sweep of docs/PERF.md found
 #: warps=4, mtiles=1 fastest at every K and R it measured, M = 4608), except ranks 48 and 64 at M >= 2048, where two
 #: m-tiles per warp come first: on an H100 (docs/PERF.md, session 37; the loader's schedule for each) they took 11-28 %
-#: less time at M = 2048 and 4096, 15-18 % less at M = 4608, 4-6 % at M = 3072 and 11 % at M = 9216 where K >= 12288,
+#: less time at M = 2048 and 4096, 15-18 % less at M = 4608, 4-6 % at M = 3072 and 8-11 % at M = 9216 where K >= 12288,
 #: and 1-9 % more at M = 3072 and 4608 where K = 3072; ranks 16 and 32 were at most 1 % faster and up to 20 % slower
 #: with two (M = 4608), so the rule prefers them at ranks 48-64 only, and `configs/flux.yaml` builds them only there.
 MTILES2_RANKS = (48, 64)

@@ -439,7 +439,8 @@ def test_when_conditions_rank_only_inside_their_range_and_round_trip():
 
 
 def test_a_rank_condition_reads_the_variant_s_rank_and_round_trips():
-    raw = [{"m_max": None, "prefer": [{"knob": "mtiles", "order": "desc", "when": {"dim": "rank", "min": 48, "max": 48}},
+    when = {"dim": "rank", "min": 48, "max": 48}
+    raw = [{"m_max": None, "prefer": [{"knob": "mtiles", "order": "desc", "when": when},
                                       {"knob": "mtiles", "order": "asc"}]}]
     b = parse_buckets(raw, "t", ["mtiles"])
     assert [p.to_dict() for p in b[0].prefer] == raw[0]["prefer"]
