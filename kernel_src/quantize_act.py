@@ -39,13 +39,13 @@ DEFAULT_TUNING = dict(warps=4, mtiles=1)
 #: less time at M = 2048 and 4096, 15-18 % less at M = 4608, 4-6 % at M = 3072 and 8-11 % at M = 9216 where K >= 12288,
 #: and 1-9 % more at M = 3072 and 4608 where K = 3072; ranks 16 and 32 were at most 1 % faster and up to 20 % slower
 #: with two (M = 4608), so the rule prefers them at ranks 48-64 only, and `configs/flux.yaml` builds them only there.
-MTILES2_RANKS = (48, 64)
-MTILES2_M_MIN = 2048
+MTILES2_MIN_RANK, MTILES2_MAX_RANK = 48, 64      # the ranks (a range of the rule's `when`) ...
+MTILES2_M_MIN = 2048                             # ... and the M from which two m-tiles come first
 SELECTION = [
     {"m_max": MTILES2_M_MIN - 1, "priority": 0, "prefer": [{"knob": "mtiles", "order": "asc"},
                                                            {"knob": "warps", "order": "asc"}]},
     {"m_max": None, "priority": 0, "prefer": [
-        {"knob": "mtiles", "order": "desc", "when": {"dim": "rank", "min": MTILES2_RANKS[0], "max": MTILES2_RANKS[1]}},
+        {"knob": "mtiles", "order": "desc", "when": {"dim": "rank", "min": MTILES2_MIN_RANK, "max": MTILES2_MAX_RANK}},
         {"knob": "mtiles", "order": "asc"}, {"knob": "warps", "order": "asc"}]},
 ]
 #: Feature-knob values this family builds (the op spec lists the knobs).

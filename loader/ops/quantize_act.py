@@ -133,7 +133,9 @@ CLUSTER_SPLITS = (2, 4, 8)
 
 @functools.lru_cache(maxsize=4096)
 def ksplit_for(m: int, k: int, rank: int, sm_count: int, clusters: tuple | None = None) -> int:
-    """CTAs (one cluster along K) per 16-row tile of the launch, from M, K, the rank and the SM count.
+    """CTAs (one cluster along K) per row tile of the launch, from M, K, the rank and the SM count.  It counts
+    16-row tiles of M and, with LoRA, three CTAs per SM, the one-m-tile variants it was fitted on; the two-m-tile
+    variants (32-row tiles) take its answer as is, which is how they were timed (docs/PERF.md, session 37).
 
     The H200 sweeps of docs/PERF.md.  With LoRA (3 CTAs of 4 warps per SM): where twice the tiles fit
     in the resident CTAs, the largest split whose CTAs, twice over, stay within them (M = 1024: 4, 5-9 %
