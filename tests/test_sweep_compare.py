@@ -74,3 +74,13 @@ def test_the_best_table_gives_each_folders_fastest_form_per_shape():
     assert lines[3] == ("| 256 | 3072 | 3072 | 20.0 | 40.0 (64x128 ws w8 s4 img) | 44.0 (64x128 ws w8 s4 img) | – "
                         "| 1.100 | – |")
     assert sweep.best_table(rows, ["a"]) == []
+
+
+def test_sm_counts_default_to_the_device_and_stay_within_it_unless_oversubscribed():
+    assert sweep.sm_count_list(None, 132) == [132]
+    assert sweep.sm_count_list("132,66,33", 132) == [132, 66, 33]
+    refused = sweep.sm_count_list("132,264", 132)
+    assert isinstance(refused, str) and "1 .. 132" in refused and "--oversubscribe" in refused
+    assert sweep.sm_count_list("132,264,396", 132, oversubscribe=True) == [132, 264, 396]
+    assert "1 .. 1056" in sweep.sm_count_list("2000", 132, oversubscribe=True)
+    assert isinstance(sweep.sm_count_list("0", 132), str) and isinstance(sweep.sm_count_list("a,b", 132), str)

@@ -3,6 +3,7 @@ same run (tuning data for docs/PERF.md and the selection rules).
 
     python3 tools/sm90_sweep.py ARTIFACTS [ARTIFACTS ...] [--m 256,1024,4608] [--kn 3072x3072,3072x12288,12288x3072]
         [--rank 32] [--json F] [--quick] [--match TEXT ...] [--compute fp8] [--sm-counts 132,66,33]
+        [--oversubscribe]
 
 Bypasses selection: each variant's launcher is driven directly with the arguments the loader would build.
 Every variant's output is checked once per shape against the eager torch W4A4 pipeline (relative error
@@ -97,6 +98,22 @@ def best_table(rows: list[dict], folders: list[str]) -> list[str]:
     return out
 
 
+def sm_count_list(text: str | None, sms: int, oversubscribe: bool = False) -> list[int] | str:
+    """The --sm-counts values (the device's own count when none are given), or the message that refuses them: each
+    must be an integer from 1 to the device's SM count, or to 8 times it with --oversubscribe."""
+    if not text:
+        return [sms]
+    top = 8 * sms if oversubscribe else sms
+    try:
+        counts = [int(x) for x in text.split(",")]
+    except ValueError:
+        counts = [0]
+    if any(c < 1 or c > top for c in counts):
+        return (f"--sm-counts {text}: a comma list of integers, each 1 .. {top} (this device's SMs"
+                f"{', times 8 with --oversubscribe' if oversubscribe else '; more with --oversubscribe'})")
+    return counts
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("artifacts", nargs="+", help="artifact folders; their variants are timed side by side")
@@ -116,6 +133,9 @@ def main(argv=None) -> int:
                     help="comma list of the sm_count host argument each variant is launched with (default: the "
                          "device's); a smaller one shrinks a persistent grid and the gemv form's split-K, so the "
                          "split rules can be timed without a rebuild. With several, each row names its count")
+    ap.add_argument("--oversubscribe", action="store_true",
+                    help="let --sm-counts exceed the device's SMs: a larger count gives the gemv form a larger "
+                         "split-K (more CTAs than fit at once), to time a split its rule does not take here")
     ap.add_argument("--match", action="append", default=[],
                     help="time only variants whose knob summary (as printed) contains this text; repeatable, all "
                          "must match")
@@ -123,12 +143,9 @@ def main(argv=None) -> int:
     st = bench.QUICK if a.quick else bench.Settings(reps=9, warmup=2, target_ms=2.0)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    try:
-        sm_counts = [int(x) for x in a.sm_counts.split(",")] if a.sm_counts else [sms]
-    except ValueError:
-        sm_counts = [0]
-    if any(c < 1 or c > sms for c in sm_counts):
-        print(f"--sm-counts {a.sm_counts}: a comma list of integers, each 1 .. {sms} (this device's SMs)")
+    sm_counts = sm_count_list(a.sm_counts, sms, a.oversubscribe)
+    if isinstance(sm_counts, str):
+        print(sm_counts)
         return 2
     gpu = torch.cuda.get_device_name(0)
     libs = {folder: svdq_loader.load(folder) for folder in a.artifacts}
