@@ -1,9 +1,10 @@
 """How fast the gemv form's weight reads could go with no compute: a Triton kernel that reads exactly what the
 sm_90a gemv tile reads (one program per 64-row weight block, its k-tiles in order: 2048 weight bytes and 256 scale
-bytes each, loads pipelined `--stages` deep), beside a grid-stride read of the same weight bytes and a 1 GiB copy,
-all timed as CUDA-graph replays over `--copies` input sets (so the L2 holds none of them).  Needs a GPU and Triton
-(the device machine has both).  docs/PERF.md, session 38, has the numbers of its first form, a scratch script with
-these two kernels and this timer; this file, its command line added, has not yet run on a GPU.
+bytes each, loads pipelined `--stages` deep) and a grid-stride read of the same weight bytes, timed as CUDA-graph
+replays over `--copies` input sets (so the L2 holds none of them), beside a 1 GiB copy launched directly.  Needs a
+GPU and Triton (the device machine has both).  docs/PERF.md, session 38, has the numbers of its first form, a scratch
+script with these two kernels and this timer (and a graph-captured copy, which ran on the copy engine); this file,
+its command line added, has not yet run on a GPU.
 
     python3 tools/stream_probe.py [--kn 3072x21504,3072x12288,3072x3072] [--stages 2,4,6,8] [--copies 8]
 """
@@ -66,6 +67,22 @@ def graph_us(fn, copies: int) -> float:
     return sorted(ts)[len(ts) // 2]
 
 
+def launched_us(fn) -> float:
+    """Median µs of `fn()` launched directly (9 timed calls after one): a copy captured in a CUDA graph becomes a
+    copy-engine node, slower than the copy kernel a direct launch runs."""
+    fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(9):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3)
+    return sorted(ts)[len(ts) // 2]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kn", default="3072x21504,3072x12288,3072x3072", help="comma list of KxN")
@@ -78,8 +95,8 @@ def main(argv=None) -> int:
     print(torch.cuda.get_device_name(0))
     src = torch.empty(1 << 28, dtype=torch.int32, device="cuda")
     dst = torch.empty_like(src)
-    us = graph_us(lambda i: dst.copy_(src), 2)
-    print(f"1 GiB copy: {us:.1f} µs, {2 * src.numel() * 4 / us / 1e3:.0f} GB/s (read + write)")
+    us = launched_us(lambda: dst.copy_(src))
+    print(f"1 GiB copy (launched directly): {us:.1f} µs, {2 * src.numel() * 4 / us / 1e3:.0f} GB/s (read + write)")
     del src, dst
     out = torch.empty(1 << 14, dtype=torch.int32, device="cuda")
     for kn in a.kn.split(","):
