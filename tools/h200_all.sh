@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# Every H200 check of a merged tree, in two device calls that each fit the 10-minute limit.
+# Every H200 check of a merged tree, in device calls that each fit the 10-minute limit (one stage per call; the
+# budgets hold about 1.3x the times of session 38 on an H100: quantize_act numerics 165 s, GEMM numerics 120 s, the
+# selftest of all 953 sm_90a variants 32 s, runtime + torch tests 70 s, the FP8 tests 155 s).
 # Build on the CPU first:
 #   svdq-aot build configs/flux.yaml -o artifacts -j 2
 #   svdq-aot build configs/tune.yaml -o artifacts/tune -j 2
 #   svdq-aot build configs/quant_sweep.yaml -o artifacts_sweep -j 2
 #   bash tools/fetch_wheels.sh                    # diffusers for the torch / FLUX checks -> .whl
 # then, with the device tool (carry: ["artifacts", "artifacts_sweep", ".whl"]):
-#   bash tools/h200_all.sh core      numerics of both operators, selftest, runtime + torch tests, bench, sweep
+#   bash tools/h200_all.sh core      numerics of both operators, selftest of every variant, runtime + torch tests
+#   bash tools/h200_all.sh speed     the bench of both operators (--quick) and the quantize_act sweep
+#   bash tools/h200_all.sh fp8       the FP8-compute mode's tests
 #   bash tools/h200_all.sh extras    sanitizers / memory / fresh process / host cost, tune, the FLUX example
 #   bash tools/h200_all.sh gemm      after a GEMM-only change: its numerics, selftest, torch tests, GEMM bench
 # Each step has its own time budget; logs, JSON and tables land in $OUT, one verdict line per step in
@@ -35,24 +39,32 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader |
 
 for stage in "${@:-core}"; do
 case $stage in
-core|gemm)     # gemm: the GEMM's share of core (after a GEMM-only change)
-    [ "$stage" = core ] && step "quantize_act numerics (bit-exact)" 110 gpu_quantize.log \
+core|gemm)     # gemm: the GEMM's share of core, and its bench (after a GEMM-only change)
+    [ "$stage" = core ] && step "quantize_act numerics (bit-exact)" 220 gpu_quantize.log \
         python3 -m pytest -q -p no:cacheprovider --maxfail=10 tests/test_gpu_quantize.py
-    step "gemm_w4a4 numerics (float64)" 150 gpu_gemm.log \
+    step "gemm_w4a4 numerics (float64)" 160 gpu_gemm.log \
         python3 -m pytest -q -p no:cacheprovider --maxfail=10 tests/test_gpu_gemm.py ${GEMM_K:+-k "$GEMM_K"}
-    step "selftest" 40 selftest.log python3 -m svdq_loader.testing.selftest artifacts --require-gpu
+    step "selftest" 60 selftest.log python3 -m svdq_loader.testing.selftest artifacts --require-gpu
     tail -25 "$OUT/selftest.log"
-    [ "$stage" = core ] && step "runtime tests" 70 gpu_runtime.log \
+    [ "$stage" = core ] && step "runtime tests" 60 gpu_runtime.log \
         python3 -m pytest -q -p no:cacheprovider -rs tests/test_gpu_runtime.py
-    step "torch module tests" 70 gpu_torch.log python3 -m pytest -q -p no:cacheprovider -rs tests/test_gpu_torch.py
-    op=${BENCH_OP:-}; [ "$stage" = gemm ] && op=gemm_w4a4
-    step "bench" 110 bench.log python3 -m svdq_loader.testing.bench artifacts --dtype bf16 --m 16,256,1024,4608 \
+    step "torch module tests" 60 gpu_torch.log python3 -m pytest -q -p no:cacheprovider -rs tests/test_gpu_torch.py
+    if [ "$stage" = gemm ]; then
+        step "bench" 110 bench.log python3 -m svdq_loader.testing.bench artifacts --dtype bf16 --m 16,256,1024,4608 \
+            --quick --op gemm_w4a4 --json "$OUT/bench.json" --table "$OUT/bench.md" --plot "$OUT/bench.png"
+        grep -E "^\|" "$OUT/bench.log" | head -60
+    fi
+    ;;
+speed)
+    op=${BENCH_OP:-}
+    step "bench" 300 bench.log python3 -m svdq_loader.testing.bench artifacts --dtype bf16 --m 16,256,1024,4608 \
         --quick ${op:+--op "$op"} --json "$OUT/bench.json" --table "$OUT/bench.md" --plot "$OUT/bench.png"
     grep -E "^\|" "$OUT/bench.log" | head -60
-    if [ "$stage" = core ]; then
-        step "quantize_act sweep" 40 sweep.log python3 tools/quant_sweep.py artifacts_sweep --k 3072,15360
-        cat "$OUT/sweep.log"
-    fi
+    step "quantize_act sweep" 120 sweep.log python3 tools/quant_sweep.py artifacts_sweep --k 3072,15360
+    cat "$OUT/sweep.log"
+    ;;
+fp8)
+    step "FP8-compute mode tests" 220 gpu_fp8.log python3 -m pytest -q -p no:cacheprovider -rs tests/test_gpu_fp8.py
     ;;
 extras)
     SVDQ_BUDGET_S=${LOADER_BUDGET_S:-230} bash tools/h200_loader.sh >"$OUT/loader.log" 2>&1
@@ -65,7 +77,7 @@ extras)
         --json "$OUT/flux_eager.json"
     grep -v "^  swapped\|^  skipped" "$OUT/flux_eager.log" | tail -30
     ;;
-*) echo "unknown stage $stage (core, extras, gemm)" ;;
+*) echo "unknown stage $stage (core, speed, fp8, extras, gemm)" ;;
 esac
 done
 echo "total $(( $(date +%s) - START ))s"
