@@ -165,27 +165,29 @@ class DeviceKernels:
                     raise CudaError(f"kernel {sym} parameter {index}: driver says offset {got_off} size "
                                     f"{got_size}, manifest says offset {offset} size {size}")
 
+    def _occupancy(self, sym: str, what: str, query: Callable[[object], int]) -> int:
+        """`query(function)` on kernel `sym`'s function in the device's primary context (the context's push and
+        pop around the driver's occupancy calls; `what` names the query in errors)."""
+        self.push_primary()
+        try:
+            fn = check(cu.cuKernelGetFunction(self.kernels[sym]), f"cuKernelGetFunction({sym}) for {what}")
+            return int(query(fn))
+        finally:
+            self.pop()
+
     def resident_blocks(self, sym: str, threads: int, dynamic_smem: int) -> int:
         """CTAs of kernel `sym` one SM holds at once with `threads` threads and `dynamic_smem` bytes of dynamic
         SMEM (the driver's occupancy calculator, in the device's primary context)."""
-        self.push_primary()
-        try:
-            fn = check(cu.cuKernelGetFunction(self.kernels[sym]), f"cuKernelGetFunction({sym})")
-            return int(check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, threads, dynamic_smem),
-                             f"cuOccupancyMaxActiveBlocksPerMultiprocessor({sym})"))
-        finally:
-            self.pop()
+        what = f"cuOccupancyMaxActiveBlocksPerMultiprocessor({sym})"
+        return self._occupancy(sym, what, lambda fn: check(
+            cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, threads, dynamic_smem), what))
 
     def resident_clusters(self, sym: str, threads: int, dynamic_smem: int, cluster: int) -> int:
         """Clusters of `cluster` CTAs of kernel `sym` the whole device holds at once (the driver's
         ``cuOccupancyMaxActiveClusters``: a cluster's CTAs share one GPC, so this can be fewer than the resident
         CTAs per SM times the SMs, divided by `cluster`)."""
-        self.push_primary()
-        try:
-            fn = check(cu.cuKernelGetFunction(self.kernels[sym]), f"cuKernelGetFunction({sym})")
-            return max_active_clusters(int(fn), cluster, threads, dynamic_smem)
-        finally:
-            self.pop()
+        return self._occupancy(sym, "cuOccupancyMaxActiveClusters",
+                               lambda fn: max_active_clusters(int(fn), cluster, threads, dynamic_smem))
 
     def foreign_context(self) -> bool:
         """True if a context other than the device's primary one is current on this thread.
