@@ -3,8 +3,8 @@ sm_90a gemv tile reads (one program per 64-row weight block, its k-tiles in orde
 bytes each, loads pipelined `--stages` deep) and a grid-stride read of the same weight bytes, timed as the bench
 times an op (`bench.time_calls`: CUDA-graph medians over `--copies` input sets, so the L2 holds none of them),
 beside the bench's 1 GiB copy rate.  Needs a GPU and Triton (the device machine has both).  docs/PERF.md, session
-38, has the numbers of its first form, a scratch script with these two kernels, its own CUDA-graph timer and a
-graph-captured copy (which ran on the copy engine); this file has not yet run on a GPU.
+38, has the numbers of its first form (a scratch script with these two kernels, its own CUDA-graph timer and a
+graph-captured copy, which ran on the copy engine); session 39 has this file's own run (H100).
 
     python3 tools/stream_probe.py [--kn 3072x21504,3072x12288,3072x3072] [--stages 2,4,6,8] [--copies 8]
 """
