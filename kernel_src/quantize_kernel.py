@@ -92,7 +92,8 @@ cluster (ksplit, 1, 1), programmatic dependent launch (PDL: ``griddepcontrol.wai
 global access, then ``launch_dependents``; docs/design.md section 6).  Preconditions (the loader checks
 them): pointers 16-byte aligned, contiguous row-major tensors, m >= 1, k % 64 == 0, M*K < 2^31,
 1 <= ksplit <= 8 (any value is correct; more CTAs than steps leave warps idle), ctas = tiles * ksplit
-where ksplit > 1 and tiles <= ctas otherwise; with LoRA and ctas > tiles, ``workspace`` holds
+where ksplit > 1 and tiles <= ctas <= tiles * K / 64 otherwise (a CTA of an empty range would never arrive on its
+split tile's counter, so that tile's LoRA sums would never be stored); with LoRA and ctas > tiles, ``workspace`` holds
 ``workspace_bytes(ctas, 16 * mtiles, R)`` bytes, 8-byte aligned, used by no other launch at the same time.
 Pointers of disabled features (smooth when use_smooth == 0, LoRA when
 rank == 0, the workspace when no tile is split) may be 0 and are never dereferenced.

@@ -33,7 +33,8 @@ def main() -> None:
     ap.add_argument("--ctas", default="tiles",
                     help="grid sizes to time: tiles (tiles x ksplit: one CTA per tile and split), fill / 2fill ... "
                          "(ksplit 1 only: whole waves of the CTAs the SMs hold, at least the tiles; N x that), an "
-                         "integer, or auto (the loader's own schedule: ksplit and grid)")
+                         "integer (the range form on that many CTAs, within [tiles, units]), or auto (the loader's "
+                         "own schedule: ksplit and grid)")
     ap.add_argument("--smooth", default="0,1")
     ap.add_argument("--ranks", default="", help="only these ranks (default: every built rank)")
     ap.add_argument("--carveout", default="-1",
@@ -68,7 +69,10 @@ def grid_for(ln, form: str, m: int, k: int, r: int, ks: int) -> tuple[int, int]:
     if form.endswith("fill"):
         sms, resident = ln.grid_facts()
         return 1, qop.range_ctas(tiles, k, resident * sms * int(form[:-4] or 1))
-    return 1, max(tiles, int(form))
+    # at most one CTA per (tile, 64-k step) unit, as `range_ctas` keeps the loader's launches: with more, CTAs of
+    # empty ranges sit between a split tile's first and last CTA and never arrive, so its LoRA sums are never
+    # stored (session 40 timed such grids by mistake: their rows failed the check)
+    return 1, min(max(tiles, int(form)), tiles * (k // 64))
 
 
 def direct_calls(lib, e, m, k, r, ks, copies, smooth_on=True, form="tiles"):
