@@ -13,6 +13,7 @@
 #   bash tools/h200_all.sh speed     the bench of both operators (--quick) and the quantize_act sweep
 #   bash tools/h200_all.sh fp8       the FP8-compute mode's tests
 #   bash tools/h200_all.sh extras    sanitizers / memory / fresh process / host cost, tune, the FLUX example
+#   bash tools/h200_all.sh sanitize  compute-sanitizer memcheck over every built variant (its own call)
 #   bash tools/h200_all.sh gemm      after a GEMM-only change: its numerics, selftest, torch tests, GEMM bench
 # Each step has its own time budget; logs, JSON and tables land in $OUT, one verdict line per step in
 # $OUT/summary.txt.
@@ -78,7 +79,13 @@ extras)
         --json "$OUT/flux_eager.json"
     grep -v "^  swapped\|^  skipped" "$OUT/flux_eager.log" | tail -30
     ;;
-*) echo "unknown stage $stage (core, speed, fp8, extras, gemm)" ;;
+sanitize)      # compute-sanitizer memcheck over every built variant of this arch (its own call: several minutes)
+    SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+    step "memcheck, every variant" 540 memcheck_all.log "$SAN" --tool memcheck --report-api-errors no \
+        --error-exitcode 9 python3 tools/sanitize_variants.py artifacts --m "${SVDQ_SAN_M:-1,77,1000,4592}"
+    grep -E "ERROR SUMMARY|all ok|FAIL" "$OUT/memcheck_all.log" | tail -3
+    ;;
+*) echo "unknown stage $stage (core, speed, fp8, extras, sanitize, gemm)" ;;
 esac
 done
 echo "total $(( $(date +%s) - START ))s"
