@@ -104,6 +104,9 @@ def test_compile_fullgraph_identical_to_eager(lib, layer):
         _same(f(x), eager(lib, x, layer), "torch.compile(fullgraph=True)")
 
 
+# torch's CUDA-graph tree manager captures an empty graph when it starts, and torch warns about it (the H100,
+# session 40, under -W error::UserWarning)
+@pytest.mark.filterwarnings("ignore:The CUDA Graph is empty")
 def test_reduce_overhead_identical_to_eager(lib, layer):
     w, smooth, lora_down = layer
 

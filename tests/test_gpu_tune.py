@@ -1,10 +1,12 @@
 """`svdq-aot tune` on the GPU: a short tune of the artifacts' shapes, the table the loader then uses, and the
-tuned choice never slower than the rules' choice on the tuned shapes (3 % noise allowed, re-measured before
-failing).  Needs artifacts with several candidates per problem: build configs/tune.yaml and point
+tuned choice never slower than the rules' choice on the tuned shapes, over each bucket's Ms as the tuner judges
+(the geometric mean of their times: one M of a bucket may favour the other variant; 3 % noise allowed,
+re-measured before failing).  Needs artifacts with several candidates per problem: build configs/tune.yaml and point
 SVDQ_ARTIFACTS at it (tools/h200_tune.sh does).  Skips otherwise, or fails with SVDQ_TUNE_REQUIRE=1."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 
@@ -71,23 +73,28 @@ def test_the_loader_launches_the_tables_winner_on_this_gpu(tuned):
 
 
 def test_the_tuned_choice_is_never_slower_than_the_rules(tuned):
+    """Over each bucket's Ms, as the tuner judges (the geometric mean): a bucket's winner may lose at one of its
+    Ms (the H100, session 40: quantize_act K = 3072, M in [1, 2047], warps 8 won with 5.8 / 7.9 µs at M = 64 /
+    1024 against the rules' 5.6 / 9.0)."""
     lib, _, table, _ = tuned
     slower = []
     for e in table.entries:
         if e.winner == e.rule_choice:
             continue
+        problems = []
         for m in e.ms:
             d = dict(e.dims, m=m)
-            p = select.Problem(e.op, e.arch, e.features,
-                                           tuple((n, d[n]) for n in op_spec(e.op).dims))
-            tries = []
-            for attempt in range(3):                  # re-measure both before calling it slower
-                t = tune.measure(lib, p, [e.winner, e.rule_choice], CHECK, seed=attempt)
-                tries.append((t[e.winner], t[e.rule_choice]))
-                if t[e.winner] <= t[e.rule_choice] * (1 + NOISE):
-                    break
-            else:
-                slower.append(f"{e.op} {d}: tuned {e.winner} vs rules {e.rule_choice}: µs {tries}")
+            problems.append(select.Problem(e.op, e.arch, e.features, tuple((n, d[n]) for n in op_spec(e.op).dims)))
+        tries = []
+        for attempt in range(3):                      # re-measure both before calling it slower
+            ts = [tune.measure(lib, p, [e.winner, e.rule_choice], CHECK, seed=attempt) for p in problems]
+            ratio = math.prod(t[e.winner] / t[e.rule_choice] for t in ts) ** (1 / len(ts))
+            tries.append((round(ratio, 3), [(t[e.winner], t[e.rule_choice]) for t in ts]))
+            if ratio <= 1 + NOISE:
+                break
+        else:
+            slower.append(f"{e.op} {e.dims} M {list(e.ms)}: tuned {e.winner} vs rules {e.rule_choice}: "
+                          f"geomean ratio and µs {tries}")
     assert not slower, slower
 
 
