@@ -136,6 +136,17 @@ EPILOGUE = os.environ.get("SVDQ_KERNEL_SM90_EPILOGUE", "early")
 if EPILOGUE not in ("late", "early"):
     raise ValueError(f"SVDQ_KERNEL_SM90_EPILOGUE={EPILOGUE!r}: the sm_90a epilogue form must be one of early, late")
 
+#: What the spare MMA threads do where a LoRA chunk's lora_act_in vectors do not divide over them (the last round of
+#: ``_lora_vectors``; ``SVDQ_KERNEL_SM90_LORA_SPARE``): ``duplicate``, the default and the form every GPU run so far
+#: has checked, copies a vector another thread copies too (the same bytes to the same address: compute-sanitizer's
+#: racecheck reports it as a write-write hazard in the 128 x 192 tile, H100 session 40); ``skip`` puts the spare
+#: threads' copy behind a false predicate, so each vector is copied once (62 sm_90a cubins of the flux build change,
+#: registers and main loops within 1 %, no stack frame: CPU, session 40; not yet run on a GPU, so not the default).
+LORA_SPARE = os.environ.get("SVDQ_KERNEL_SM90_LORA_SPARE", "duplicate")
+if LORA_SPARE not in ("duplicate", "skip"):
+    raise ValueError(f"SVDQ_KERNEL_SM90_LORA_SPARE={LORA_SPARE!r}: the spare LoRA copies must be one of "
+                     "duplicate, skip")
+
 #: How a stream-K tile's parts meet (an experiment, not yet timed; ``SVDQ_KERNEL_SM90_STREAMK_MEET``): ``last``, the
 #: default, has every part write its slot and arrive, and the last arrival add all slots (no CTA ever waits);
 #: ``owner`` has the tile's first CTA, whose part comes last in its range, wait for the others' arrivals and add
@@ -1179,14 +1190,17 @@ class _Sm90Wgmma:
         return mLA, mLU, sLU, sLA
 
     def _lora_vectors(self, tidx):
-        """The 16-byte vectors of one chunk this thread copies: ``(lu, la)``, each a generator of (row, vector in
-        row), so the index arithmetic is traced next to each copy.  Where the lora_act_in vectors do not divide
-        over the MMA threads (256; the 64-row tile at a 16-rank chunk: 128; the 224-row tile: 448 or 896), the spare
-        threads copy a vector another thread copies too (the same bytes to the same address), so no thread needs a
-        branch."""
+        """The 16-byte vectors of one chunk this thread copies: ``(lu, la)``, generators of (row, vector in row) and,
+        for ``la``, of a third item ``ok`` (see `_if`), so the index arithmetic is traced next to each copy.  Where
+        the lora_act_in vectors do not divide over the MMA threads (the 128 x 192 tile's 384 threads at a 32-rank
+        chunk: 512 vectors; the 64-row tile at a 16-rank chunk: 128 vectors for 256 threads; the 208-, 216- and
+        224-row tiles), the last round's spare threads either copy a vector another thread copies too, the same
+        bytes to the same address, with no branch (``LORA_SPARE`` ``duplicate``), or copy nothing, their copy in a
+        branch on ``ok`` = the vector exists (``skip``)."""
         NT = self.mma_threads
         vpr = self.rc // 8                  # 16-byte vectors per row of a chunk
         nla = self.tm * vpr                 # 16-byte vectors of the lora_act_in chunk
+        assert (self.tn * vpr) % NT == 0, "lora_up's chunk vectors must divide over the MMA threads"
 
         def lu():
             for i in range(self.tn * vpr // NT):
@@ -1196,10 +1210,22 @@ class _Sm90Wgmma:
         def la():
             for i in range((nla + NT - 1) // NT):
                 v = tidx + i * NT
-                if cutlass.const_expr((i + 1) * NT > nla):
+                ok = True
+                if cutlass.const_expr((i + 1) * NT > nla and LORA_SPARE == "skip"):
+                    ok = v < nla
+                    v = cutlass.min(v, nla - 1)      # in range either way: the address is formed before the branch
+                elif cutlass.const_expr((i + 1) * NT > nla):
                     v = v % nla if nla < NT else cutlass.min(v, nla - 1)
-                yield v // vpr, v % vpr
+                yield v // vpr, v % vpr, ok
         return lu(), la()
+
+    @staticmethod
+    def _if(ok, body):
+        """body() where ok: traced as is for a Python True, else in a branch on the run-time predicate."""
+        if ok is True:
+            body()
+        else:
+            cutlass.if_generate(ok, body)
 
     def _lora_prefetch(self, p_la, p_lu, base, m, n, m0, n0, tidx):
         """ws schedules: cp.async the LoRA's first chunk into its own SMEM at the start of a tile, so its global
@@ -1216,9 +1242,10 @@ class _Sm90Wgmma:
         for r, cv in lu:
             cute.copy(atom, vec(cute.local_tile(mLU, (1, 8), (n0 + r, cv))),
                       vec(cute.local_tile(sLU[None, None, 0], (1, 8), (r, cv))))
-        for r, cv in la:
-            cute.copy(atom, vec(cute.local_tile(mLA, (1, 8), (cutlass.min(m0 + r, m - 1), cv))),
-                      vec(cute.local_tile(sLA[None, None, 0], (1, 8), (r, cv))))
+        for r, cv, ok in la:
+            self._if(ok, lambda r=r, cv=cv: cute.copy(
+                atom, vec(cute.local_tile(mLA, (1, 8), (cutlass.min(m0 + r, m - 1), cv))),
+                vec(cute.local_tile(sLA[None, None, 0], (1, 8), (r, cv)))))
         cute.arch.cp_async_commit_group()
 
     def _lora(self, p_la, p_lu, base, m, n, m0, n0, tidx, acc, chunk0_ready=False):
@@ -1246,8 +1273,8 @@ class _Sm90Wgmma:
                 for r, cv in lu:
                     cute.autovec_copy(cute.local_tile(mLU, (1, 8), (n0 + r, ch * vpr + cv)), vbuf)
                     cute.autovec_copy(vbuf, cute.local_tile(sLU[None, None, 0], (1, 8), (r, cv)))
-                for r, cv in la:
-                    self._stage_la(mLA, sLA, vbuf, m, m0, ch, vpr, r, cv)
+                for r, cv, ok in la:
+                    self._if(ok, lambda r=r, cv=cv: self._stage_la(mLA, sLA, vbuf, m, m0, ch, vpr, r, cv))
             cute.arch.fence_proxy("async.shared", space="cta")
             self._mma_sync()
             warpgroup.fence()

@@ -502,6 +502,76 @@ def test_the_early_epilogue_copies_a_one_chunk_lora_at_tile_start(knobs, tmp_pat
         assert copies == 0
 
 
+LORA_STAGING_SHAPES = [(128, 192, 32), (128, 192, 96), (64, 128, 16), (64, 128, 48), (208, 128, 32), (216, 128, 16),
+                       (224, 128, 32), (256, 128, 64), (128, 128, 128)]
+
+
+@pytest.mark.parametrize("spare", ["duplicate", "skip"])
+@pytest.mark.parametrize("tm,tn,rank", LORA_STAGING_SHAPES)
+def test_the_lora_staging_copies_every_vector(tm, tn, rank, spare, monkeypatch):
+    """Each 16-byte vector of a LoRA chunk (lora_act_in's and lora_up's) is copied by an MMA thread, also where the
+    vectors do not divide over the threads.  ``skip`` (SVDQ_KERNEL_SM90_LORA_SPARE) copies each exactly once: the
+    spare threads' copy sits behind a false predicate.  ``duplicate`` (the default) has them copy a vector another
+    thread copies too: the write-write hazard compute-sanitizer's racecheck reported in the 128 x 192 tile
+    (docs/VERIFICATION.md, session 40), which this counts.  The generators run with plain ints for the thread index,
+    as the kernel traces them with its own."""
+    from collections import Counter
+    from types import SimpleNamespace
+    from svdq_kernels import sm90_wgmma_kernel as kern
+    from svdq_kernels.sm90_plan import _lora_chunk
+    monkeypatch.setattr(kern, "LORA_SPARE", spare)
+    rc = _lora_chunk(rank)
+    vpr, nt = rc // 8, 128 * (3 if tn == 192 else 2)
+    fake = SimpleNamespace(mma_threads=nt, rc=rc, tm=tm, tn=tn)
+    la_copies, lu_copies, skipped = Counter(), Counter(), 0
+    for tid in range(nt):
+        lu, la = kern._Sm90Wgmma._lora_vectors(fake, tid)
+        lu_copies.update(lu)
+        for r, cv, ok in la:
+            assert ok in (True, False) and 0 <= r < tm and 0 <= cv < vpr      # the address is in range either way
+            la_copies[(r, cv)] += bool(ok)
+            skipped += not ok
+    spares = -(-tm * vpr // nt) * nt - tm * vpr
+    assert set(la_copies) == {(r, c) for r in range(tm) for c in range(vpr)} and min(la_copies.values()) >= 1
+    assert lu_copies == Counter({(r, c): 1 for r in range(tn) for c in range(vpr)})
+    if spare == "skip":
+        assert max(la_copies.values()) == 1 and skipped == spares
+    else:
+        assert skipped == 0 and sum(la_copies.values()) - tm * vpr == spares      # each spare copy a duplicate
+
+
+@pytest.mark.parametrize("knobs", [EARLY_CASES[8], EARLY_CASES[3]], ids=("128x192-r32", "64x128-r16"))
+def test_the_skipped_spare_copies_compile_like_the_duplicates(knobs, tmp_path, monkeypatch):
+    """SVDQ_KERNEL_SM90_LORA_SPARE=skip on two tiles whose LoRA vectors do not divide over the MMA threads: no
+    stack frame, the same registers, the same 16-byte cp.async copies in the SASS (the spare threads branch past
+    theirs), and a different cubin from the default's."""
+    from svdq_kernels import sm90_wgmma_kernel as kern
+    monkeypatch.setattr(kern, "EPILOGUE", "early")
+    k = make_knobs(**dict(dict(prefetch=1, skip_pad=True, act_decode="prmt"), **knobs))
+    built = {}
+    for spare in ("duplicate", "skip"):
+        monkeypatch.setattr(kern, "LORA_SPARE", spare)
+        d = tmp_path / spare
+        d.mkdir()
+        _, ck = compile_knobs(k, d)
+        usage = ck.resource_usage[ck.kernel_symbols[0]]
+        sass = sass_of_cubin(ck.cubin, d)
+        built[spare] = (ck.cubin, usage["stack_frame_bytes"], usage["registers"],
+                        len(re.findall(r"\bLDGSTS\.E\.BYPASS\.128\b", sass)))
+    assert built["skip"][0] != built["duplicate"][0]
+    assert built["skip"][1:] == built["duplicate"][1:] and built["skip"][1] == 0
+
+
+def test_the_lora_spare_switch_names_its_values():
+    """A bad SVDQ_KERNEL_SM90_LORA_SPARE is refused at import with the value and the allowed forms."""
+    import os
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", "import svdq_kernels.sm90_wgmma_kernel"], capture_output=True,
+                       text=True, env=dict(os.environ, SVDQ_KERNEL_SM90_LORA_SPARE="twice"))
+    assert r.returncode != 0 and "SVDQ_KERNEL_SM90_LORA_SPARE='twice'" in r.stderr and "duplicate, skip" in r.stderr
+
+
 def test_the_late_epilogue_copies_no_lora_with_cp_async(tmp_path, monkeypatch):
     """SVDQ_KERNEL_SM90_EPILOGUE=late (the form before session 28, kept for side-by-side builds): the one-chunk LoRA
     is loaded when its MMAs come, with no cp.async."""
