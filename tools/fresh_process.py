@@ -7,8 +7,9 @@ those): the import, `load()` (manifest, hashes, cross-checks), the first `gemm_w
 load on the device, launch, synchronise) and a second call.  The child also checks that no compiler or JIT
 library (nvrtc, nvJitLink, the CuTe DSL) was imported, and which such libraries are mapped into the process
 after each phase: torch's CUDA start, the loader's import and `load()`, the test problem's torch ops, and the
-loader's weight preparation and calls.  The verdict (`no_jit`) counts the loader's phases only: torch's CUDA
-start maps nvrtc and nvJitLink itself (the H100, session 40), which no serving process can avoid.  Then, in this
+loader's weight preparation and calls.  The verdict (`no_jit`) counts the loader's phases only.  (Sessions 2 and
+40 found nvrtc and nvJitLink mapped by the end of the child, and the loader calls neither; torch's CUDA start is
+the likely source, which no serving process avoids, and these records say which phase it is.)  Then, in this
 process: the cost of a CUDA graph of 100 captured `gemm_w4a4` launches per replay, next to 100 eager calls.
 """
 from __future__ import annotations
