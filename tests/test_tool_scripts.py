@@ -91,3 +91,30 @@ def test_the_ab_script_runs_each_selftest_op_of_a_comma_list(tmp_path):
     assert r.returncode == 0, r.stderr
     runs = [line.split() for line in calls.read_text().splitlines() if "svdq_loader.testing.selftest" in line]
     assert [(w[3].rsplit("/", 1)[1], w[-1]) for w in runs] == [("exp", "act_fp8"), ("exp", "gemm_w4a4_fp8")]
+
+
+@pytest.mark.parametrize("racecheck", ["1", "0"])
+def test_the_ab_script_racechecks_every_folder_when_asked(tmp_path, racecheck):
+    """RACECHECK=1: compute-sanitizer racecheck of each folder's default variants at M = 77 and 1000, base first
+    (the check a switch that changes SMEM traffic needs before it becomes the default); none otherwise."""
+    script = str(SCRIPTS[0].parent / "h200_ab.sh")
+    folders = []
+    for name in ("base", "exp"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "manifest.json").write_text("{}")
+        folders.append(str(tmp_path / name))
+    path, calls = _stub_bin(tmp_path)
+    san = tmp_path / "bin" / "compute-sanitizer"
+    san.write_text(f"#!/bin/bash\necho \"compute-sanitizer $*\" >> {calls}\n")
+    san.chmod(0o755)
+    r = subprocess.run(["bash", script, *folders], capture_output=True, text=True,
+                       env={"PATH": path, "OUT": str(tmp_path / "out"), "NCU": "0", "SELFTEST": "0",
+                            "RACECHECK": racecheck})
+    assert r.returncode == 0, r.stderr
+    runs = [line.split() for line in calls.read_text().splitlines() if line.startswith("compute-sanitizer")]
+    if racecheck == "1":
+        assert [w[w.index("tools/sanitize_variants.py") + 1] for w in runs] == folders
+        assert all(w[1:3] == ["--tool", "racecheck"] and "--default-only" in w and w[-1] == "77,1000" for w in runs)
+        assert r.stdout.count("racecheck ") == 2
+    else:
+        assert runs == []

@@ -12,7 +12,9 @@
 #    output checked (SWEEP_M, SWEEP_MATCH and SWEEP_ARGS choose the M values, the forms and more options; the
 #    FP8-compute mode's builds: SELFTEST_OP=act_fp8,gemm_w4a4_fp8 SWEEP_ARGS="--compute fp8");
 # 3. unless NCU=0, ncu of one M = 1024 attn_out call (K = N = 3072) per folder, the loader's own pick: GEMM
-#    duration and tensor-pipe activity.
+#    duration and tensor-pipe activity;
+# 4. with RACECHECK=1, compute-sanitizer racecheck of each folder's default variants at M = 77 and 1000 (a switch
+#    that changes SMEM traffic: e.g. SVDQ_KERNEL_SM90_LORA_SPARE, docs/PERF.md session 40).
 # Everything lands in $OUT; docs/PERF.md (sessions 23 and 24) names the pending experiments.
 set -uo pipefail
 if [ $# -lt 1 ]; then
@@ -53,5 +55,14 @@ if [ "${NCU:-1}" != 0 ] && command -v ncu >/dev/null; then
             --metrics gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
             python3 tools/sm90_one_call.py --m 1024,1024 --k 3072 --n 3072 >"$OUT/ncu_$(basename "$A").log" 2>&1
         echo "ncu ($A) exit $?"; grep -E "svdq_gemm|duration|hmma" "$OUT/ncu_$(basename "$A").log" | cut -c1-120
+    done
+fi
+if [ "${RACECHECK:-0}" = 1 ]; then
+    SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+    for A in "$@"; do
+        log="$OUT/racecheck_$(basename "$A").log"
+        timeout "${T_RACECHECK:-60}" "$SAN" --tool racecheck --error-exitcode 9 \
+            python3 tools/sanitize_variants.py "$A" --default-only --m 77,1000 >"$log" 2>&1
+        echo "racecheck $A exit $?"; grep -E "RACECHECK SUMMARY|hazards\]|all ok" "$log" | head -4 || true
     done
 fi
