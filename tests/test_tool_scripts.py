@@ -37,6 +37,14 @@ def test_the_ab_script_refuses_missing_folders(tmp_path):
     assert not (tmp_path / "out").exists()           # refused before anything ran
 
 
+def _artifact_folders(tmp_path, names):
+    """Folders that pass h200_ab.sh's manifest check (an empty manifest.json each); their paths, in order."""
+    for name in names:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "manifest.json").write_text("{}")
+    return [str(tmp_path / name) for name in names]
+
+
 def _stub_bin(tmp_path):
     """A PATH whose python3, nvidia-smi and timeout only record their arguments (python3 prints a best table when
     it runs the sweep), so h200_ab.sh's own logic runs without a GPU."""
@@ -58,11 +66,7 @@ def _stub_bin(tmp_path):
 @pytest.mark.parametrize("selftest, tested", [("1", ["exp1", "exp2"]), ("0", [])])
 def test_the_ab_script_runs_selftests_unless_told_not_to_and_sweeps_every_folder(tmp_path, selftest, tested):
     script = str(SCRIPTS[0].parent / "h200_ab.sh")
-    folders = []
-    for name in ("base", "exp1", "exp2"):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "manifest.json").write_text("{}")
-        folders.append(str(tmp_path / name))
+    folders = _artifact_folders(tmp_path, ("base", "exp1", "exp2"))
     path, calls = _stub_bin(tmp_path)
     r = subprocess.run(["bash", script, *folders], capture_output=True, text=True,
                        env={"PATH": path, "OUT": str(tmp_path / "out"), "SELFTEST": selftest, "NCU": "0"})
@@ -79,11 +83,7 @@ def test_the_ab_script_runs_each_selftest_op_of_a_comma_list(tmp_path):
     """SELFTEST_OP=act_fp8,gemm_w4a4_fp8: every tested folder gets one selftest per op, in that order (one call
     checks an FP8 pre-pass build and an FP8 GEMM build)."""
     script = str(SCRIPTS[0].parent / "h200_ab.sh")
-    folders = []
-    for name in ("base", "exp"):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "manifest.json").write_text("{}")
-        folders.append(str(tmp_path / name))
+    folders = _artifact_folders(tmp_path, ("base", "exp"))
     path, calls = _stub_bin(tmp_path)
     r = subprocess.run(["bash", script, *folders], capture_output=True, text=True,
                        env={"PATH": path, "OUT": str(tmp_path / "out"), "NCU": "0",
@@ -98,11 +98,7 @@ def test_the_ab_script_racechecks_every_folder_when_asked(tmp_path, racecheck):
     """RACECHECK=1: compute-sanitizer racecheck of each folder's default variants at M = 77 and 1000, base first
     (the check a switch that changes SMEM traffic needs before it becomes the default); none otherwise."""
     script = str(SCRIPTS[0].parent / "h200_ab.sh")
-    folders = []
-    for name in ("base", "exp"):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "manifest.json").write_text("{}")
-        folders.append(str(tmp_path / name))
+    folders = _artifact_folders(tmp_path, ("base", "exp"))
     path, calls = _stub_bin(tmp_path)
     san = tmp_path / "bin" / "compute-sanitizer"
     san.write_text(f"#!/bin/bash\necho \"compute-sanitizer $*\" >> {calls}\n")
