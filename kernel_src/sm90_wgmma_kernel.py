@@ -1211,11 +1211,12 @@ class _Sm90Wgmma:
             for i in range((nla + NT - 1) // NT):
                 v = tidx + i * NT
                 ok = True
-                if cutlass.const_expr((i + 1) * NT > nla and LORA_SPARE == "skip"):
-                    ok = v < nla
-                    v = cutlass.min(v, nla - 1)      # in range either way: the address is formed before the branch
-                elif cutlass.const_expr((i + 1) * NT > nla):
-                    v = v % nla if nla < NT else cutlass.min(v, nla - 1)
+                if cutlass.const_expr((i + 1) * NT > nla):          # the last round, with spare threads
+                    if cutlass.const_expr(LORA_SPARE == "skip"):
+                        ok = v < nla
+                        v = cutlass.min(v, nla - 1)  # in range either way: the address is formed before the branch
+                    else:
+                        v = v % nla if nla < NT else cutlass.min(v, nla - 1)
                 yield v // vpr, v % vpr, ok
         return lu(), la()
 
