@@ -1,4 +1,4 @@
-"""Every built variant of this GPU's arch, both operators, over M tails: the cases for compute-sanitizer.
+"""Every built variant of this GPU's arch, every launched operator, over M tails: the cases for compute-sanitizer.
 
     compute-sanitizer --tool memcheck --report-api-errors no python3 tools/sanitize_variants.py artifacts
     compute-sanitizer --tool racecheck python3 tools/sanitize_variants.py artifacts --default-only --m 77,1000
@@ -7,7 +7,9 @@
 
 Each variant's launcher is driven directly (selection bypassed, so every variant runs, not only the ones
 selection prefers).  Outputs sit NaN-poisoned in a buffer with guard rows; gemm_w4a4 is checked against
-the float64 reference, quantize_act bit-exactly against the exact reference.  Exit status 1 on any mismatch.
+the float64 reference, quantize_act bit-exactly against the exact reference.  The FP8-compute GEMM
+(gemm_w4a4_fp8) runs as a user calls it, its act_fp8 pre-pass included, with selection pinned to the variant
+(the selftest's case runner) and checked against its own float64 reference.  Exit status 1 on any mismatch.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from svdq_loader import driver
 from svdq_loader.ops import gemm_w4a4 as gop
 from svdq_loader.ops import quantize_act as qop
 from svdq_loader.testing import reference as ref
+from svdq_loader.testing import selftest
 from svdq_loader.testing.quantize_ref import quantize_act_ref_torch
 
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -63,6 +66,15 @@ def quant_case(lib, arch, e, m, seed, smooth_on) -> bool:
     return torch.equal(act.cpu(), ra) and torch.equal(sc.view(torch.uint8).cpu(), rs)
 
 
+def fp8_case(lib, e, m, seed) -> bool:
+    """One FP8-compute call pinned to `e` (the act_fp8 pre-pass runs too, as in a user's call)."""
+    kn = e.knobs
+    n, k = 2 * e.requirements["n_multiple"], max(256, e.requirements["k_multiple"])
+    case = selftest.Case("gemm_w4a4_fp8", dict(m=m, n=n, k=k, r=kn["rank"], dt=kn["out_dtype"], wc=kn["wcscale"],
+                                               b=kn["bias"], seed=seed))
+    return selftest.run_case(lib, e, case, 0, base_seed=0).ok
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("artifacts")
@@ -86,11 +98,13 @@ def main() -> int:
     lib._device_arch(0)
     ms = [int(v) for v in a.m.split(",")]
     # decode_act runs inside the images GEMM variants' launcher (its own numerics: svdq-aot selftest)
-    todo = [e for e in lib.variants if e.arch == arch and e.op in ("gemm_w4a4", "quantize_act")
+    todo = [e for e in lib.variants if e.arch == arch and e.op in ("gemm_w4a4", "gemm_w4a4_fp8", "quantize_act")
             and all(t in e.name for t in a.match)]
     if a.default_only:
         keep = {lib.choose("gemm_w4a4", arch, m=1000, n=3072, k=3072, rank=32).name,
                 lib.choose("quantize_act", arch, m=1000, k=3072, rank=32).name}
+        if any(e.op == "gemm_w4a4_fp8" for e in todo):
+            keep.add(lib.choose("gemm_w4a4_fp8", arch, m=1000, n=3072, k=3072, rank=32).name)
         todo = [e for e in todo if e.name in keep]
     bad = 0
     for i, e in enumerate(todo):
@@ -98,6 +112,8 @@ def main() -> int:
             seed = i * 131 + m
             if e.op == "gemm_w4a4":
                 oks = [gemm_case(lib, arch, e, m, seed)]
+            elif e.op == "gemm_w4a4_fp8":
+                oks = [fp8_case(lib, e, m, seed)]
             else:
                 oks = [quant_case(lib, arch, e, m, seed, s) for s in (False, True)]
             bad += not all(oks)
