@@ -137,12 +137,15 @@ if EPILOGUE not in ("late", "early"):
     raise ValueError(f"SVDQ_KERNEL_SM90_EPILOGUE={EPILOGUE!r}: the sm_90a epilogue form must be one of early, late")
 
 #: What the spare MMA threads do where a LoRA chunk's lora_act_in vectors do not divide over them (the last round of
-#: ``_lora_vectors``; ``SVDQ_KERNEL_SM90_LORA_SPARE``): ``duplicate``, the default and the form every GPU run so far
-#: has checked, copies a vector another thread copies too (the same bytes to the same address: compute-sanitizer's
-#: racecheck reports it as a write-write hazard in the 128 x 192 tile, H100 session 40); ``skip`` puts the spare
-#: threads' copy behind a false predicate, so each vector is copied once (62 sm_90a cubins of the flux build change,
-#: registers and main loops within 1 %, no stack frame: CPU, session 40; not yet run on a GPU, so not the default).
-LORA_SPARE = os.environ.get("SVDQ_KERNEL_SM90_LORA_SPARE", "duplicate")
+#: ``_lora_vectors``; ``SVDQ_KERNEL_SM90_LORA_SPARE``): ``skip``, the default, puts the spare threads' copy behind a
+#: false predicate, so each vector is copied once; ``duplicate``, the form shipped until session 41, copies a vector
+#: another thread copies too (the same bytes to the same address), which compute-sanitizer's racecheck reports as
+#: write-write hazards in the 128 x 192 tile (2 in the default variants, H100 session 40). ``skip`` changes 62
+#: sm_90a cubins of the flux build (registers equal, no stack frame, main loops within 1 %: CPU, session 40); on an
+#: H100 (session 41) racecheck found 0 hazards in it, the selftest passed every GEMM variant (728/728), and the sweep
+#: of the seven ws forms at M = 64-4608 on three FLUX shapes timed each shape's best form at 0.990-1.008x
+#: ``duplicate`` (all 84 points 0.981-1.034x, geomean 1.000x; docs/PERF.md, session 41).
+LORA_SPARE = os.environ.get("SVDQ_KERNEL_SM90_LORA_SPARE", "skip")
 if LORA_SPARE not in ("duplicate", "skip"):
     raise ValueError(f"SVDQ_KERNEL_SM90_LORA_SPARE={LORA_SPARE!r}: the spare LoRA copies must be one of "
                      "duplicate, skip")
@@ -1194,9 +1197,9 @@ class _Sm90Wgmma:
         for ``la``, of a third item ``ok`` (see `_if`), so the index arithmetic is traced next to each copy.  Where
         the lora_act_in vectors do not divide over the MMA threads (the 128 x 192 tile's 384 threads at a 32-rank
         chunk: 512 vectors; the 64-row tile at a 16-rank chunk: 128 vectors for 256 threads; the 208-, 216- and
-        224-row tiles), the last round's spare threads either copy a vector another thread copies too, the same
-        bytes to the same address, with no branch (``LORA_SPARE`` ``duplicate``), or copy nothing, their copy in a
-        branch on ``ok`` = the vector exists (``skip``)."""
+        224-row tiles), the last round's spare threads either copy nothing, their copy in a branch on ``ok`` = the
+        vector exists (``LORA_SPARE`` ``skip``, the default), or copy a vector another thread copies too, the same
+        bytes to the same address, with no branch (``duplicate``)."""
         NT = self.mma_threads
         vpr = self.rc // 8                  # 16-byte vectors per row of a chunk
         nla = self.tm * vpr                 # 16-byte vectors of the lora_act_in chunk

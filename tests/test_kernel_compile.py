@@ -510,10 +510,10 @@ LORA_STAGING_SHAPES = [(128, 192, 32), (128, 192, 96), (64, 128, 16), (64, 128, 
 @pytest.mark.parametrize("tm,tn,rank", LORA_STAGING_SHAPES)
 def test_the_lora_staging_copies_every_vector(tm, tn, rank, spare, monkeypatch):
     """Each 16-byte vector of a LoRA chunk (lora_act_in's and lora_up's) is copied by an MMA thread, also where the
-    vectors do not divide over the threads.  ``skip`` (SVDQ_KERNEL_SM90_LORA_SPARE) copies each exactly once: the
-    spare threads' copy sits behind a false predicate.  ``duplicate`` (the default) has them copy a vector another
-    thread copies too: the write-write hazard compute-sanitizer's racecheck reported in the 128 x 192 tile
-    (docs/VERIFICATION.md, session 40), which this counts.  The generators run with plain ints for the thread index,
+    vectors do not divide over the threads.  ``skip`` (SVDQ_KERNEL_SM90_LORA_SPARE, the default) copies each exactly
+    once: the spare threads' copy sits behind a false predicate.  ``duplicate`` (shipped until session 41) has them
+    copy a vector another thread copies too: the write-write hazard compute-sanitizer's racecheck reported in the
+    128 x 192 tile (docs/VERIFICATION.md, session 40), which this counts.  The generators run with plain ints for the thread index,
     as the kernel traces them with its own."""
     from collections import Counter
     from types import SimpleNamespace
@@ -544,7 +544,7 @@ def test_the_lora_staging_copies_every_vector(tm, tn, rank, spare, monkeypatch):
 def test_the_skipped_spare_copies_compile_like_the_duplicates(knobs, tmp_path, monkeypatch):
     """SVDQ_KERNEL_SM90_LORA_SPARE=skip on two tiles whose LoRA vectors do not divide over the MMA threads: no
     stack frame, the same registers, the same 16-byte cp.async copies in the SASS (the spare threads branch past
-    theirs), and a different cubin from the default's."""
+    theirs), and a different cubin from the duplicate form's."""
     from svdq_kernels import sm90_wgmma_kernel as kern
     monkeypatch.setattr(kern, "EPILOGUE", "early")
     k = make_knobs(**dict(dict(prefetch=1, skip_pad=True, act_decode="prmt"), **knobs))
