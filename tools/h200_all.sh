@@ -13,7 +13,7 @@
 #   bash tools/h200_all.sh speed     the bench of both operators (--quick) and the quantize_act sweep
 #   bash tools/h200_all.sh fp8       the FP8-compute mode's tests
 #   bash tools/h200_all.sh extras    sanitizers / memory / fresh process / host cost, tune, the FLUX example
-#   bash tools/h200_all.sh sanitize  compute-sanitizer memcheck over every built variant (its own call)
+#   bash tools/h200_all.sh sanitize  compute-sanitizer memcheck and racecheck over every built variant (its own call)
 #   bash tools/h200_all.sh gemm      after a GEMM-only change: its numerics, selftest, torch tests, GEMM bench
 # Each step has its own time budget; logs, JSON and tables land in $OUT, one verdict line per step in
 # $OUT/summary.txt.
@@ -79,11 +79,18 @@ extras)
         --json "$OUT/flux_eager.json"
     grep -v "^  swapped\|^  skipped" "$OUT/flux_eager.log" | tail -30
     ;;
-sanitize)      # compute-sanitizer memcheck over every built variant of this arch (its own call: several minutes)
+sanitize)      # compute-sanitizer over every built variant of this arch (its own call: several minutes)
+    # memcheck at four Ms (H100, session 41: 44 s for the 200 exact-mode GEMM and quantize_act variants, 21 s for the
+    # 41 FP8-mode GEMMs at three Ms); racecheck at one M, where the default variants' check (extras) misses tiles
+    # (session 41: 128 s for the 121 bf16 GEMMs of both modes; 17 of them had hazards in the previous LoRA staging)
     SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
-    step "memcheck, every variant" 540 memcheck_all.log "$SAN" --tool memcheck --report-api-errors no \
+    step "memcheck, every variant" 200 memcheck_all.log "$SAN" --tool memcheck --report-api-errors no \
         --error-exitcode 9 python3 tools/sanitize_variants.py artifacts --m "${SVDQ_SAN_M:-1,77,1000,4592}"
     grep -E "ERROR SUMMARY|all ok|FAIL" "$OUT/memcheck_all.log" | tail -3
+    step "racecheck, every variant" 340 racecheck_all.log "$SAN" --tool racecheck --error-exitcode 9 \
+        python3 tools/sanitize_variants.py artifacts --m "${SVDQ_RACE_M:-77}"
+    grep -E "RACECHECK SUMMARY|all ok|MISMATCH" "$OUT/racecheck_all.log" | tail -3
+    grep -oE "access at [a-z0-9_]+\+0x[0-9a-f]+ \[[0-9]+ hazards\]" "$OUT/racecheck_all.log" | sort -u | head -20
     ;;
 *) echo "unknown stage $stage (core, speed, fp8, extras, sanitize, gemm)" ;;
 esac
