@@ -140,11 +140,12 @@ if EPILOGUE not in ("late", "early"):
 #: ``_lora_vectors``; ``SVDQ_KERNEL_SM90_LORA_SPARE``): ``skip``, the default, puts the spare threads' copy behind a
 #: false predicate, so each vector is copied once; ``duplicate``, the form shipped until session 41, copies a vector
 #: another thread copies too (the same bytes to the same address), which compute-sanitizer's racecheck reports as
-#: write-write hazards in the 128 x 192 tile (2 in the default variants, H100 session 40). ``skip`` changes 62
-#: sm_90a cubins of the flux build (registers equal, no stack frame, main loops within 1 %: CPU, session 40); on an
-#: H100 (session 41) racecheck found 0 hazards in it, the selftest passed every GEMM variant (728/728), and the sweep
-#: of the seven ws forms at M = 64-4608 on three FLUX shapes timed each shape's best form at 0.990-1.008x
-#: ``duplicate`` (all 84 points 0.981-1.034x, geomean 1.000x; docs/PERF.md, session 41).
+#: write-write hazards (H100: the 128 x 192 tile, session 40; 17 variants of the 208- to 224-row tiles in both
+#: modes, session 41). ``skip`` changes 62 sm_90a cubins of the flux build (registers equal, no stack frame, main
+#: loops within 1 %: CPU, session 40); on an H100 (session 41) racecheck found 0 hazards in any of its 121 bf16 GEMM
+#: variants, the selftest passed every variant (953/953), and the sweep of the seven ws forms at M = 64-4608 on
+#: three FLUX shapes timed each shape's best form at 0.990-1.008x ``duplicate`` (all 84 points 0.981-1.034x,
+#: geomean 1.000x; docs/PERF.md, session 41).
 LORA_SPARE = os.environ.get("SVDQ_KERNEL_SM90_LORA_SPARE", "skip")
 if LORA_SPARE not in ("duplicate", "skip"):
     raise ValueError(f"SVDQ_KERNEL_SM90_LORA_SPARE={LORA_SPARE!r}: the spare LoRA copies must be one of "

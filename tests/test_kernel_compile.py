@@ -512,9 +512,9 @@ def test_the_lora_staging_copies_every_vector(tm, tn, rank, spare, monkeypatch):
     """Each 16-byte vector of a LoRA chunk (lora_act_in's and lora_up's) is copied by an MMA thread, also where the
     vectors do not divide over the threads.  ``skip`` (SVDQ_KERNEL_SM90_LORA_SPARE, the default) copies each exactly
     once: the spare threads' copy sits behind a false predicate.  ``duplicate`` (shipped until session 41) has them
-    copy a vector another thread copies too: the write-write hazard compute-sanitizer's racecheck reported in the
-    128 x 192 tile (docs/VERIFICATION.md, session 40), which this counts.  The generators run with plain ints for the thread index,
-    as the kernel traces them with its own."""
+    copy a vector another thread copies too: the write-write hazards compute-sanitizer's racecheck reported in the
+    128 x 192 and the 208- to 224-row tiles (docs/VERIFICATION.md, sessions 40 and 41), which this counts.  The
+    generators run with plain ints for the thread index, as the kernel traces them with its own."""
     from collections import Counter
     from types import SimpleNamespace
     from svdq_kernels import sm90_wgmma_kernel as kern
