@@ -114,3 +114,27 @@ def test_the_ab_script_racechecks_every_folder_when_asked(tmp_path, racecheck):
         assert r.stdout.count("racecheck ") == 2
     else:
         assert runs == []
+
+
+def test_the_sanitize_stage_runs_memcheck_then_racecheck_over_every_variant(tmp_path):
+    """`h200_all.sh sanitize`: compute-sanitizer memcheck of every variant at four Ms, then racecheck of every
+    variant at one M (not only the default variants: that check missed 17 variants with hazards, session 41), each
+    a step with its verdict in summary.txt."""
+    script = str(SCRIPTS[0].parent / "h200_all.sh")
+    path, calls = _stub_bin(tmp_path)
+    bin_ = tmp_path / "bin"
+    (bin_ / "timeout").write_text("#!/bin/bash\nwhile [[ $1 == -* ]]; do shift 2; done\nshift\nexec \"$@\"\n")
+    (bin_ / "compute-sanitizer").write_text(f"#!/bin/bash\necho \"compute-sanitizer $*\" >> {calls}\n")
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+    out = tmp_path / "out"
+    r = subprocess.run(["bash", script, "sanitize"], capture_output=True, text=True, cwd=tmp_path,
+                       env={"PATH": path, "OUT": str(out)})
+    assert r.returncode == 0, r.stderr
+    runs = [line.split() for line in calls.read_text().splitlines() if line.startswith("compute-sanitizer")]
+    assert [w[2] for w in runs] == ["memcheck", "racecheck"]
+    for w, ms in zip(runs, ("1,77,1000,4592", "77")):
+        assert w[w.index("tools/sanitize_variants.py") + 1] == "artifacts" and w[-2:] == ["--m", ms]
+        assert "--default-only" not in w and "--match" not in w and "--error-exitcode" in w
+    summary = (out / "summary.txt").read_text()
+    assert "memcheck, every variant: exit 0" in summary and "racecheck, every variant: exit 0" in summary
