@@ -46,8 +46,9 @@ def _artifact_folders(tmp_path, names):
 
 
 def _stub_bin(tmp_path):
-    """A PATH whose python3, nvidia-smi and timeout only record their arguments (python3 prints a best table when
-    it runs the sweep), so h200_ab.sh's own logic runs without a GPU."""
+    """A PATH whose python3, nvidia-smi and compute-sanitizer only record their arguments (python3 prints a best
+    table when it runs the sweep) and whose timeout runs its command (options and the limit dropped), so the device
+    scripts' own logic runs without a GPU."""
     bin_ = tmp_path / "bin"
     bin_.mkdir()
     calls = tmp_path / "calls.log"
@@ -57,7 +58,8 @@ def _stub_bin(tmp_path):
         "case \"$*\" in *sm90_sweep.py*) echo '| M | K | N | cuBLAS µs | a: best µs (form) |';"
         " echo '| 64 | 3072 | 3072 | 9.0 | 12.0 (64x128 ws w8 s4 img) |';; esac\n")
     (bin_ / "nvidia-smi").write_text("#!/bin/bash\necho 'NVIDIA H200, 580'\n")
-    (bin_ / "timeout").write_text("#!/bin/bash\nshift\nexec \"$@\"\n")
+    (bin_ / "compute-sanitizer").write_text(f"#!/bin/bash\necho \"compute-sanitizer $*\" >> {calls}\n")
+    (bin_ / "timeout").write_text("#!/bin/bash\nwhile [[ $1 == -* ]]; do shift 2; done\nshift\nexec \"$@\"\n")
     for f in bin_.iterdir():
         f.chmod(0o755)
     return f"{bin_}:/usr/bin:/bin", calls
@@ -100,9 +102,6 @@ def test_the_ab_script_racechecks_every_folder_when_asked(tmp_path, racecheck):
     script = str(SCRIPTS[0].parent / "h200_ab.sh")
     folders = _artifact_folders(tmp_path, ("base", "exp"))
     path, calls = _stub_bin(tmp_path)
-    san = tmp_path / "bin" / "compute-sanitizer"
-    san.write_text(f"#!/bin/bash\necho \"compute-sanitizer $*\" >> {calls}\n")
-    san.chmod(0o755)
     r = subprocess.run(["bash", script, *folders], capture_output=True, text=True,
                        env={"PATH": path, "OUT": str(tmp_path / "out"), "NCU": "0", "SELFTEST": "0",
                             "RACECHECK": racecheck})
@@ -122,11 +121,6 @@ def test_the_sanitize_stage_runs_memcheck_then_racecheck_over_every_variant(tmp_
     a step with its verdict in summary.txt."""
     script = str(SCRIPTS[0].parent / "h200_all.sh")
     path, calls = _stub_bin(tmp_path)
-    bin_ = tmp_path / "bin"
-    (bin_ / "timeout").write_text("#!/bin/bash\nwhile [[ $1 == -* ]]; do shift 2; done\nshift\nexec \"$@\"\n")
-    (bin_ / "compute-sanitizer").write_text(f"#!/bin/bash\necho \"compute-sanitizer $*\" >> {calls}\n")
-    for f in bin_.iterdir():
-        f.chmod(0o755)
     out = tmp_path / "out"
     r = subprocess.run(["bash", script, "sanitize"], capture_output=True, text=True, cwd=tmp_path,
                        env={"PATH": path, "OUT": str(out)})
