@@ -80,9 +80,9 @@ extras)
     grep -v "^  swapped\|^  skipped" "$OUT/flux_eager.log" | tail -30
     ;;
 sanitize)      # compute-sanitizer over every built variant of this arch (its own call: several minutes)
-    # memcheck at four Ms (H100, session 41: 44 s for the 200 exact-mode GEMM and quantize_act variants, 21 s for the
-    # 41 FP8-mode GEMMs at three Ms); racecheck at one M, where the default variants' check (extras) misses tiles
-    # (session 41: 128 s for the 121 bf16 GEMMs of both modes; 17 of them had hazards in the previous LoRA staging)
+    # memcheck at four Ms, then racecheck at one M, where the default variants' check (extras) misses tiles (session
+    # 41: 17 GEMM variants had hazards in the previous LoRA staging). The whole stage on an H100 (session 42, 241
+    # variants: every GEMM of both modes and every quantize_act): memcheck 76 s, racecheck 215 s, 294 s in all
     SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
     step "memcheck, every variant" 200 memcheck_all.log "$SAN" --tool memcheck --report-api-errors no \
         --error-exitcode 9 python3 tools/sanitize_variants.py artifacts --m "${SVDQ_SAN_M:-1,77,1000,4592}"
