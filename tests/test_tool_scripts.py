@@ -132,3 +132,45 @@ def test_the_sanitize_stage_runs_memcheck_then_racecheck_over_every_variant(tmp_
         assert "--default-only" not in w and "--match" not in w and "--error-exitcode" in w
     summary = (out / "summary.txt").read_text()
     assert "memcheck, every variant: exit 0" in summary and "racecheck, every variant: exit 0" in summary
+
+
+@pytest.mark.parametrize("with_ncu", [True, False])
+def test_the_measures_stage_benches_both_operators_and_profiles_the_small_m_kernels(tmp_path, with_ncu):
+    """`h200_all.sh measures`: quantize_act's bench, the GEMM's in bf16 and fp16 at M = 16-9728 with plots, and (where
+    ncu exists) ncu of the three (K, N) of issue 7's small-M points, each summarised by tools/ncu_summary.py; a run
+    that leaves more than the device tool's 8 files in $OUT is packed into one archive beside summary.txt."""
+    script = str(SCRIPTS[0].parent / "h200_all.sh")
+    path, calls = _stub_bin(tmp_path)
+    if with_ncu:
+        ncu = Path(path.split(":")[0]) / "ncu"
+        ncu.write_text(f"#!/bin/bash\necho \"ncu $*\" >> {calls}\n")
+        ncu.chmod(0o755)
+    out = tmp_path / "out"
+    r = subprocess.run(["bash", script, "measures"], capture_output=True, text=True, cwd=tmp_path,
+                       env={"PATH": path, "OUT": str(out)})
+    assert r.returncode == 0, r.stderr
+    log = calls.read_text().splitlines()
+    benches = [line.split() for line in log if "svdq_loader.testing.bench" in line]
+    assert [(w[w.index("--dtype") + 1], w[w.index("--op") + 1]) for w in benches] == \
+        [("bf16", "quantize_act"), ("bf16", "gemm_w4a4"), ("fp16", "gemm_w4a4")]
+    for w in benches[1:]:
+        assert w[w.index("--m") + 1] == "16,64,256,1024,4608,9728" and "--plot" in w and "--json" in w
+    profiles = [line.split() for line in log if line.startswith("ncu ")]
+    summaries = [line.split() for line in log if "tools/ncu_summary.py" in line and "--metrics" not in line
+                 and "--header" not in line]
+    if with_ncu:
+        assert [(w[w.index("--k") + 1], w[w.index("--n") + 1]) for w in profiles] == \
+            [("3072", "3072"), ("3072", "21504"), ("15360", "3072")]
+        assert all("--clock-control" in w and "tools/sm90_one_call.py" in w for w in profiles)
+        assert [w[-1] for w in summaries] == ["(3072,3072)", "(3072,21504)", "(15360,3072)"]
+        assert [w[w.index("tools/ncu_summary.py") + 1] for w in summaries] == \
+            [str(out / f"ncu_{k}.csv") for k in ("3072_3072", "3072_21504", "15360_3072")]
+        assert sorted(p.name for p in out.iterdir()) == ["results.tgz", "summary.txt"]    # 10 files: packed
+        import tarfile
+        with tarfile.open(out / "results.tgz") as tar:
+            names = {Path(n).name for n in tar.getnames()}
+        assert {"bench_gemm_fp16.log", "ncu_15360_3072.csv", "ncu_small_m.md", "summary.txt"} <= names
+    else:
+        assert profiles == [] and summaries == []
+        assert "ncu: not found" in (out / "summary.txt").read_text()
+        assert not (out / "results.tgz").exists()                                      # 6 files: left as they are

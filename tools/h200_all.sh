@@ -15,8 +15,11 @@
 #   bash tools/h200_all.sh extras    sanitizers / memory / fresh process / host cost, tune, the FLUX example
 #   bash tools/h200_all.sh sanitize  compute-sanitizer memcheck and racecheck over every built variant (its own call)
 #   bash tools/h200_all.sh gemm      after a GEMM-only change: its numerics, selftest, torch tests, GEMM bench
+#   bash tools/h200_all.sh measures  issue 5's and 7's measures: both operators' full bench (the GEMM in bf16 and fp16
+#                                    at M = 16-9728, with plots) and ncu of the small-M kernels (about 400 s)
 # Each step has its own time budget; logs, JSON and tables land in $OUT, one verdict line per step in
-# $OUT/summary.txt.
+# $OUT/summary.txt. The device tool returns at most 8 files from $OUT: where a run leaves more, they are packed into
+# $OUT/results.tgz (summary.txt stays beside it).
 set -uo pipefail
 OUT=${OUT:-/tmp/svdq-out}
 mkdir -p "$OUT"
@@ -92,8 +95,34 @@ sanitize)      # compute-sanitizer over every built variant of this arch (its ow
     grep -E "RACECHECK SUMMARY|all ok|MISMATCH" "$OUT/racecheck_all.log" | tail -3
     grep -oE "access at [a-z0-9_]+\+0x[0-9a-f]+ \[[0-9]+ hazards\]" "$OUT/racecheck_all.log" | sort -u | head -20
     ;;
-*) echo "unknown stage $stage (core, speed, fp8, extras, sanitize, gemm)" ;;
+measures)      # issue 5's and 7's measures (what docs/PERF.md reports for them), each output checked by the bench
+    step "quantize_act bench" 150 bench_quant.log python3 -m svdq_loader.testing.bench artifacts --dtype bf16 \
+        --op quantize_act --json "$OUT/bench_quant.json" --table "$OUT/bench_quant.md"
+    grep -E "^\|" "$OUT/bench_quant.log" | grep -v "^| op\|^|  " | head -8
+    for dt in bf16 fp16; do
+        step "gemm_w4a4 bench, $dt" 280 "bench_gemm_$dt.log" python3 -m svdq_loader.testing.bench artifacts \
+            --dtype "$dt" --op gemm_w4a4 --m "${MEASURE_M:-16,64,256,1024,4608,9728}" --baselines dense,compile \
+            --json "$OUT/bench_gemm_$dt.json" --table "$OUT/bench_gemm_$dt.md" --plot "$OUT/bench_gemm_$dt.png"
+    done
+    if command -v ncu >/dev/null; then
+        python3 tools/ncu_summary.py --header >"$OUT/ncu_small_m.md"
+        for kn in 3072,3072 3072,21504 15360,3072; do
+            step "ncu (K, N) = ($kn)" 60 "ncu_${kn/,/_}.csv" ncu --clock-control none --csv -k regex:svdq \
+                --metrics "$(python3 tools/ncu_summary.py --metrics)" \
+                python3 tools/sm90_one_call.py --m 256,64,16 --k "${kn%,*}" --n "${kn#*,}"
+            python3 tools/ncu_summary.py "$OUT/ncu_${kn/,/_}.csv" --label "($kn)" >>"$OUT/ncu_small_m.md"
+        done
+        cat "$OUT/ncu_small_m.md"
+    else
+        echo "ncu: not found (the profile of the small-M kernels not run)" | tee -a "$OUT/summary.txt"
+    fi
+    ;;
+*) echo "unknown stage $stage (core, speed, fp8, extras, sanitize, gemm, measures)" ;;
 esac
 done
 echo "total $(( $(date +%s) - START ))s"
 cat "$OUT/summary.txt"
+if [ "$(find "$OUT" -type f | wc -l)" -gt 8 ]; then     # the device tool returns at most 8 files
+    tar czf /tmp/h200_all_results.tgz -C "$OUT" . && find "$OUT" -mindepth 1 ! -name summary.txt -delete \
+        && mv /tmp/h200_all_results.tgz "$OUT/results.tgz" && echo "packed into $OUT/results.tgz"
+fi
