@@ -174,3 +174,22 @@ def test_the_measures_stage_benches_both_operators_and_profiles_the_small_m_kern
         assert profiles == [] and summaries == []
         assert "ncu: not found" in (out / "summary.txt").read_text()
         assert not (out / "results.tgz").exists()                                      # 6 files: left as they are
+
+
+def test_outputs_are_packed_only_where_the_run_started_in_an_empty_folder(tmp_path):
+    """A user's own $OUT with files in it is never packed or cleared: the archive is only for the device tool's
+    fresh, empty $OUT."""
+    script = str(SCRIPTS[0].parent / "h200_all.sh")
+    path, _ = _stub_bin(tmp_path)
+    ncu = Path(path.split(":")[0]) / "ncu"
+    ncu.write_text("#!/bin/bash\nexit 0\n")
+    ncu.chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep me")
+    r = subprocess.run(["bash", script, "measures"], capture_output=True, text=True, cwd=tmp_path,
+                       env={"PATH": path, "OUT": str(out)})
+    assert r.returncode == 0, r.stderr
+    names = {p.name for p in out.iterdir()}
+    assert "results.tgz" not in names and (out / "mine.txt").read_text() == "keep me"
+    assert {"bench_gemm_bf16.log", "ncu_3072_21504.csv", "summary.txt"} <= names and len(names) > 8

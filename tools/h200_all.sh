@@ -18,11 +18,12 @@
 #   bash tools/h200_all.sh measures  issue 5's and 7's measures: both operators' full bench (the GEMM in bf16 and fp16
 #                                    at M = 16-9728, with plots) and ncu of the small-M kernels (about 400 s)
 # Each step has its own time budget; logs, JSON and tables land in $OUT, one verdict line per step in
-# $OUT/summary.txt. The device tool returns at most 8 files from $OUT: where a run leaves more, they are packed into
-# $OUT/results.tgz (summary.txt stays beside it).
+# $OUT/summary.txt. The device tool returns at most 8 files from $OUT: where a run that started in an empty $OUT
+# leaves more, they are packed into $OUT/results.tgz (summary.txt stays beside it).
 set -uo pipefail
 OUT=${OUT:-/tmp/svdq-out}
 mkdir -p "$OUT"
+OUT_WAS_EMPTY=0; [ -z "$(ls -A "$OUT")" ] && OUT_WAS_EMPTY=1     # only then may the end pack (and remove) its files
 export PYTHONUNBUFFERED=1 SVDQ_REQUIRE_GPU=1 SVDQ_ARTIFACTS=artifacts
 START=$(date +%s)
 step() {  # step NAME BUDGET_S LOG CMD...
@@ -122,7 +123,7 @@ esac
 done
 echo "total $(( $(date +%s) - START ))s"
 cat "$OUT/summary.txt"
-if [ "$(find "$OUT" -type f | wc -l)" -gt 8 ]; then     # the device tool returns at most 8 files
+if [ "$OUT_WAS_EMPTY" = 1 ] && [ "$(find "$OUT" -type f | wc -l)" -gt 8 ]; then     # the device tool returns 8 files
     tar czf /tmp/h200_all_results.tgz -C "$OUT" . && find "$OUT" -mindepth 1 ! -name summary.txt -delete \
         && mv /tmp/h200_all_results.tgz "$OUT/results.tgz" && echo "packed into $OUT/results.tgz"
 fi
