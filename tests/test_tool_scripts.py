@@ -3,6 +3,7 @@ lost to a typo."""
 from __future__ import annotations
 
 import subprocess
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -45,10 +46,10 @@ def _artifact_folders(tmp_path, names):
     return [str(tmp_path / name) for name in names]
 
 
-def _stub_bin(tmp_path):
-    """A PATH whose python3, nvidia-smi and compute-sanitizer only record their arguments (python3 prints a best
-    table when it runs the sweep) and whose timeout runs its command (options and the limit dropped), so the device
-    scripts' own logic runs without a GPU."""
+def _stub_bin(tmp_path, ncu=False):
+    """A PATH whose python3, nvidia-smi and compute-sanitizer (and, with ncu, ncu) only record their arguments
+    (python3 prints a best table when it runs the sweep) and whose timeout runs its command (options and the limit
+    dropped), so the device scripts' own logic runs without a GPU."""
     bin_ = tmp_path / "bin"
     bin_.mkdir()
     calls = tmp_path / "calls.log"
@@ -59,6 +60,8 @@ def _stub_bin(tmp_path):
         " echo '| 64 | 3072 | 3072 | 9.0 | 12.0 (64x128 ws w8 s4 img) |';; esac\n")
     (bin_ / "nvidia-smi").write_text("#!/bin/bash\necho 'NVIDIA H200, 580'\n")
     (bin_ / "compute-sanitizer").write_text(f"#!/bin/bash\necho \"compute-sanitizer $*\" >> {calls}\n")
+    if ncu:
+        (bin_ / "ncu").write_text(f"#!/bin/bash\necho \"ncu $*\" >> {calls}\n")
     (bin_ / "timeout").write_text("#!/bin/bash\nwhile [[ $1 == -* ]]; do shift 2; done\nshift\nexec \"$@\"\n")
     for f in bin_.iterdir():
         f.chmod(0o755)
@@ -140,11 +143,7 @@ def test_the_measures_stage_benches_both_operators_and_profiles_the_small_m_kern
     ncu exists) ncu of the three (K, N) of issue 7's small-M points, each summarised by tools/ncu_summary.py; a run
     that leaves more than the device tool's 8 files in $OUT is packed into one archive beside summary.txt."""
     script = str(SCRIPTS[0].parent / "h200_all.sh")
-    path, calls = _stub_bin(tmp_path)
-    if with_ncu:
-        ncu = Path(path.split(":")[0]) / "ncu"
-        ncu.write_text(f"#!/bin/bash\necho \"ncu $*\" >> {calls}\n")
-        ncu.chmod(0o755)
+    path, calls = _stub_bin(tmp_path, ncu=with_ncu)
     out = tmp_path / "out"
     r = subprocess.run(["bash", script, "measures"], capture_output=True, text=True, cwd=tmp_path,
                        env={"PATH": path, "OUT": str(out)})
@@ -166,7 +165,6 @@ def test_the_measures_stage_benches_both_operators_and_profiles_the_small_m_kern
         assert [w[w.index("tools/ncu_summary.py") + 1] for w in summaries] == \
             [str(out / f"ncu_{k}.csv") for k in ("3072_3072", "3072_21504", "15360_3072")]
         assert sorted(p.name for p in out.iterdir()) == ["results.tgz", "summary.txt"]    # 10 files: packed
-        import tarfile
         with tarfile.open(out / "results.tgz") as tar:
             names = {Path(n).name for n in tar.getnames()}
         assert {"bench_gemm_fp16.log", "ncu_15360_3072.csv", "ncu_small_m.md", "summary.txt"} <= names
@@ -180,10 +178,7 @@ def test_outputs_are_packed_only_where_the_run_started_in_an_empty_folder(tmp_pa
     """A user's own $OUT with files in it is never packed or cleared: the archive is only for the device tool's
     fresh, empty $OUT."""
     script = str(SCRIPTS[0].parent / "h200_all.sh")
-    path, _ = _stub_bin(tmp_path)
-    ncu = Path(path.split(":")[0]) / "ncu"
-    ncu.write_text("#!/bin/bash\nexit 0\n")
-    ncu.chmod(0o755)
+    path, _ = _stub_bin(tmp_path, ncu=True)
     out = tmp_path / "out"
     out.mkdir()
     (out / "mine.txt").write_text("keep me")
