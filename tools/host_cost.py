@@ -1,11 +1,15 @@
 """Host cost per call of both operators next to torch.matmul's dispatch, interleaved rounds (H200 numbers in PERF.md).
 
-    python3 tools/host_cost.py artifacts [--rounds 5]
+    python3 tools/host_cost.py artifacts [--rounds 5] [--breakdown]
 
 Tiny cached problems (the GPU is never the bottleneck): back-to-back calls, no
 synchronisation in the loop, median µs per call of each round; rounds
 alternate ours / torch so machine noise hits both.  Also the cost of one call
-with a never-seen M (selection + launch binding: a cache miss).
+with a never-seen M (selection + launch binding: a cache miss).  ``--breakdown``
+adds what a cached quantize_act call is made of: the one-pass checks, the
+selection lookup, torch's current stream, the context check, the launcher
+(grid plan, recipe, cuLaunchKernelEx) and cuLaunchKernelEx alone, each timed
+the same way, beside torch.empty of one output.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("artifacts")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--breakdown", action="store_true", help="also time the parts of a cached quantize_act call")
     a = ap.parse_args()
     lib = svdq_loader.load(a.artifacts)
     st = Settings()
@@ -55,6 +60,54 @@ def main() -> None:
         miss.append((time.perf_counter() - t0) * 1e6)
     torch.cuda.synchronize()
     print(f"| gemm_w4a4, first call of a new M (cache miss) | {statistics.median(miss):.1f} | 40 Ms | | |")
+    if a.breakdown:
+        breakdown(lib, qk, st, a.rounds, med["torch.matmul"])
+
+
+def quant_parts(lib, k: int) -> dict:
+    """Callables, one per part of a cached quantize_act call (M = 16, R = 32, bf16, outputs given), in call order;
+    their sum is about the whole call's cost."""
+    from svdq_loader import library as L
+    from svdq_loader.ops import quantize_act as qop
+    from svdq_loader.testing.bench import _quant_inputs
+    x, smooth, ld = _quant_inputs(16, k, 32, torch.bfloat16)
+    act, sc, la = lib.quantize_act(x, smooth=smooth, lora_down=ld)
+    arch = lib._arch.get(0) or lib._device_arch(0)
+    feats, dims, _, args = qop.fast_args(arch, x, smooth, ld, act, sc, la)
+    key = ("quantize_act", 0, feats, dims)
+    ln = lib._choice[key]
+    args[qop.STREAM_INDEX] = L._current_stream(0)
+    ln.launch(args)                     # binds the recipe's entry
+    inner = ln.inner
+    entry = inner._entries[inner._scalars_of(args)]
+    cfg_addr, func, kp = entry[5], entry[6], entry[7]
+    raw = inner._fn
+    torch.cuda.synchronize()
+    return {
+        "quantize_act, whole call": lambda: lib.quantize_act(x, smooth=smooth, lora_down=ld, out_act=act,
+                                                             out_scales=sc, out_lora=la),
+        "checks (fast_args)": lambda: qop.fast_args(arch, x, smooth, ld, act, sc, la),
+        "selection lookup": lambda: lib._choice.get(key),
+        "torch's current stream": lambda: L._current_stream(0),
+        "context check": lambda: ln.device.foreign_context(),
+        "launcher (plan, recipe, cuLaunchKernelEx)": lambda: ln.launch(args),
+        "cuLaunchKernelEx alone (ctypes)": lambda: raw(cfg_addr, func, kp, None),
+        "torch.empty, one [16, K/2] uint8": lambda: torch.empty((16, k // 2), dtype=torch.uint8, device=x.device),
+    }
+
+
+def breakdown(lib, k: int, st, rounds: int, matmul_us: float) -> None:
+    parts = quant_parts(lib, k)
+    res = {name: [] for name in parts}
+    for _ in range(rounds):
+        for name, fn in parts.items():
+            res[name].append(host_us_per_call(fn, st)["us"])
+    print(f"\nparts of a cached quantize_act call (M=16 K={k} R=32 bf16, outputs given; torch.matmul "
+          f"{matmul_us:.2f} µs above)")
+    print("| part | µs/call (median of rounds) | rounds | / torch.matmul |\n|---|---|---|---|")
+    for name, v in res.items():
+        m = statistics.median(v)
+        print(f"| {name} | {m:.2f} | {', '.join(f'{u:.1f}' for u in v)} | {m / matmul_us:.2f}× |")
 
 
 if __name__ == "__main__":
