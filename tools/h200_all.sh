@@ -2,7 +2,8 @@
 # Every H200 check of a merged tree, in device calls that each fit the 10-minute limit (one stage per call). Each
 # step's budget is about 1.3x its longest time on an H100 (sessions 38 and 39: quantize_act numerics 165-212 s, GEMM
 # numerics 120 s, the selftest of all 953 sm_90a variants 29-32 s, runtime + torch tests 70 s, the FP8 tests 155-182
-# s, the speed stage's bench 83 s); whole stages took core 438 s, speed + fp8 275 s (session 39, one call).
+# s, the speed stage's bench 83 s); whole stages took core 438 s, speed + fp8 275 s (session 39, one call); on the
+# H200 (session 44): core 397 s, fp8 167 s, measures 304 s.
 # Build on the CPU first:
 #   svdq-aot build configs/flux.yaml -o artifacts -j 2
 #   svdq-aot build configs/tune.yaml -o artifacts/tune -j 2
@@ -16,7 +17,7 @@
 #   bash tools/h200_all.sh sanitize  compute-sanitizer memcheck and racecheck over every built variant (its own call)
 #   bash tools/h200_all.sh gemm      after a GEMM-only change: its numerics, selftest, torch tests, GEMM bench
 #   bash tools/h200_all.sh measures  issue 5's and 7's measures: both operators' full bench (the GEMM in bf16 and fp16
-#                                    at M = 16-9728, with plots) and ncu of the small-M kernels (about 400 s)
+#                                    at M = 16-9728, with plots) and ncu of the small-M kernels (304 s, H200)
 # Each step has its own time budget; logs, JSON and tables land in $OUT, one verdict line per step in
 # $OUT/summary.txt. The device tool returns at most 8 files from $OUT: where a run that started in an empty $OUT
 # leaves more, they are packed into $OUT/results.tgz (summary.txt stays beside it).
