@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Every H200 check of a merged tree, in device calls that each fit the 10-minute limit (one stage per call). Each
-# step's budget is about 1.3x its longest time on an H100 (sessions 38 and 39: quantize_act numerics 165-212 s, GEMM
-# numerics 120 s, the selftest of all 953 sm_90a variants 29-32 s, runtime + torch tests 70 s, the FP8 tests 155-182
-# s, the speed stage's bench 83 s); whole stages took core 438 s, speed + fp8 275 s (session 39, one call); on the
-# H200 (session 44): core 397 s, fp8 167 s, measures 304 s.
+# step's budget is about 1.3x its longest time on an H100 (sessions 38-39: quantize_act numerics 165-212 s, GEMM 120 s,
+# selftest 29-32 s, runtime + torch tests 70 s, FP8 tests 155-182 s, the speed bench 83 s). Whole stages: H100 core
+# 438 s, speed + fp8 275 s (session 39); H200 core 397 s, fp8 167 s, measures 304 s (session 44).
 # Build on the CPU first:
 #   svdq-aot build configs/flux.yaml -o artifacts -j 2
 #   svdq-aot build configs/tune.yaml -o artifacts/tune -j 2

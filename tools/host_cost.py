@@ -65,8 +65,9 @@ def main() -> None:
 
 
 def quant_parts(lib, k: int) -> dict:
-    """Callables, one per part of a cached quantize_act call (M = 16, R = 32, bf16, outputs given), in call order;
-    their sum is about the whole call's cost."""
+    """Callables timing a cached quantize_act call (M = 16, R = 32, bf16, outputs given): the whole call first,
+    then its parts in call order (the parts but the last two add up to about the whole; cuLaunchKernelEx alone is
+    inside the launcher's time, and torch.empty of one output is there for scale: the call allocates nothing)."""
     from svdq_loader import library as L
     from svdq_loader.ops import quantize_act as qop
     from svdq_loader.testing.bench import _quant_inputs
