@@ -379,3 +379,40 @@ def test_warm_gpu_keeps_the_gpu_busy_for_the_time_asked(monkeypatch):
     assert calls["matmul"] >= 4 and calls["sync"] >= 1 and calls["matmul"] == 4 * calls["sync"]
     before = calls["matmul"]
     assert bench.warm_gpu(0.0) >= 0.0 and calls["matmul"] == before      # no time asked: no matmul
+
+
+def test_host_cost_batches_are_interleaved_and_timed_per_call():
+    """host_us_interleaved on a fake clock: each fn advances it by its own cost per call, and the host runs twice
+    as slow during the second timed batch (a slow spell). Every fn's batches alternate with the others' (batch b of
+    all before b + 1 of any, each batch starting at the next fn in turn), so the spell falls on all of them and
+    each median is that fn's own cost."""
+    now = [0.0]
+    log = []
+    cost_us = {"ours": 1.5, "torch.matmul": 2.0, "x.float()": 0.5}
+    calls, batches, n = 5, 3, len(cost_us)
+
+    def make(name):
+        def fn():
+            batch = (len(log) - n * calls) // (n * calls)          # -1 during the warm-up
+            log.append(name)
+            now[0] += cost_us[name] * 1e-6 * (2.0 if batch == 1 else 1.0)
+        return fn
+
+    syncs = []
+    st = bench.Settings(host_calls=calls, host_batches=batches)
+    out = bench.host_us_interleaved({name: make(name) for name in cost_us}, st, clock=lambda: now[0],
+                                    sync=lambda: syncs.append(len(log)))
+    assert list(out) == list(cost_us)
+    for name, c in cost_us.items():
+        assert out[name]["us"] == pytest.approx(c)              # batches 0 and 2 at cost, batch 1 at twice it
+        assert out[name]["min_us"] == pytest.approx(c)
+        assert (out[name]["calls"], out[name]["batches"]) == (calls, batches)
+    warm, timed = log[:n * calls], log[n * calls:]
+    assert warm == ["ours"] * calls + ["torch.matmul"] * calls + ["x.float()"] * calls   # min(200, host_calls)
+    assert len(timed) == n * calls * batches
+    assert all(timed[i:i + calls] == [timed[i]] * calls for i in range(0, len(timed), calls))
+    assert timed[::calls] == ["ours", "torch.matmul", "x.float()",            # batch 0
+                              "torch.matmul", "x.float()", "ours",            # batch 1 starts at the next fn
+                              "x.float()", "ours", "torch.matmul"]
+    # a synchronisation after the warm-up, before every timed run and at the end; none inside a run
+    assert syncs == [n * calls] + [n * calls + i * calls for i in range(n * batches)] + [len(log)]
