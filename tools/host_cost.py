@@ -3,8 +3,8 @@
     python3 tools/host_cost.py artifacts [--rounds 5] [--breakdown]
 
 Tiny cached problems (the GPU is never the bottleneck): back-to-back calls, no
-synchronisation in the loop, median µs per call of each round; rounds
-alternate ours / torch so machine noise hits both.  Also the cost of one call
+synchronisation in the loop, median µs per call of each round; within a round
+the calls' batches alternate ours / torch so machine noise hits both.  Also the cost of one call
 with a never-seen M (selection + launch binding: a cache miss).  ``--breakdown``
 adds what a cached quantize_act call is made of: the one-pass checks, the
 selection lookup, torch's current stream, the context check, the launcher
@@ -20,7 +20,7 @@ import time
 import torch
 
 import svdq_loader
-from svdq_loader.testing.bench import Settings, _tiny_gemm, _tiny_quant, host_us_per_call
+from svdq_loader.testing.bench import Settings, _tiny_gemm, _tiny_quant, host_us_interleaved
 
 
 def main() -> None:
@@ -38,10 +38,7 @@ def main() -> None:
     y = torch.empty(16, n, dtype=torch.bfloat16, device="cuda")
     fns = {"gemm_w4a4": gemm, "quantize_act": quant, "torch.matmul": lambda: torch.matmul(x, b),
            "torch.matmul(out=)": lambda: torch.matmul(x, b, out=y)}
-    res = {name: [] for name in fns}
-    for _ in range(a.rounds):
-        for name, fn in fns.items():
-            res[name].append(host_us_per_call(fn, st)["us"])
+    res = timed_rounds(fns, st, a.rounds)
     med = {name: statistics.median(v) for name, v in res.items()}
     print(f"problem: M=16 K={k} N={n} R=32 bf16 (quantize_act: M=16 K={qk})")
     print("| call | µs/call (median of rounds) | rounds | / torch.matmul | / torch.matmul(out=) |\n|---|---|---|---|---|")
@@ -64,6 +61,16 @@ def main() -> None:
         breakdown(lib, qk, st, a.rounds, med["torch.matmul"])
 
 
+def timed_rounds(fns: dict, st, rounds: int) -> dict:
+    """{name: [µs per call in each round]}: every round times all of `fns` in interleaved batches (the bench's
+    `host_us_interleaved`), so machine noise hits them alike."""
+    res = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, r in host_us_interleaved(fns, st).items():
+            res[name].append(r["us"])
+    return res
+
+
 def quant_parts(lib, k: int) -> dict:
     """Callables timing a cached quantize_act call (M = 16, R = 32, bf16, outputs given): the whole call first,
     then its parts in call order (the parts but the last two add up to about the whole; cuLaunchKernelEx alone is
@@ -80,7 +87,7 @@ def quant_parts(lib, k: int) -> dict:
     args[qop.STREAM_INDEX] = L._current_stream(0)
     ln.launch(args)                     # binds the recipe's entry
     inner = ln.inner
-    entry = inner._entries[inner._scalars_of(args)]
+    entry = inner._entries[inner._scalars_of(args)]   # laid out by Launcher._bind
     cfg_addr, func, kp = entry[5], entry[6], entry[7]
     raw = inner._fn
     torch.cuda.synchronize()
@@ -98,11 +105,7 @@ def quant_parts(lib, k: int) -> dict:
 
 
 def breakdown(lib, k: int, st, rounds: int, matmul_us: float) -> None:
-    parts = quant_parts(lib, k)
-    res = {name: [] for name in parts}
-    for _ in range(rounds):
-        for name, fn in parts.items():
-            res[name].append(host_us_per_call(fn, st)["us"])
+    res = timed_rounds(quant_parts(lib, k), st, rounds)
     print(f"\nparts of a cached quantize_act call (M=16 K={k} R=32 bf16, outputs given; torch.matmul "
           f"{matmul_us:.2f} µs above)")
     print("| part | µs/call (median of rounds) | rounds | / torch.matmul |\n|---|---|---|---|")
