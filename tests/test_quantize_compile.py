@@ -344,3 +344,46 @@ def test_sass_loop_reader_on_a_hand_written_listing():
                                                                                  (0x20, 0x50, 4, 3)]
     assert collectives(ins) == 1
     assert collectives(instructions(sass.replace("WARPSYNC.COLLECTIVE", "WARPSYNC"))) == 0
+
+
+@pytest.mark.parametrize("rank", [32, 64])
+def test_the_end_meeting_switch_compiles_like_the_default(rank, tmp_path, monkeypatch):
+    """SVDQ_KERNEL_QUANT_MEET=end (an experiment: the range form's split tiles meet once per CTA, after its last
+    tile, their sums held in registers until then): on sm_90a no stack frame, the default's registers at rank 32
+    (at most 2 more at 64, within the occupancy table), a step loop no longer than the default's with the same MMAs
+    (rank 64's default carries collective-path checks that this build loses), no collective warp-sync path, the
+    meeting's fence, compare-and-swap and relaxed slot reads in the PTX, and a cubin of its own."""
+    from svdq_kernels import quantize_kernel as qk
+    knobs = _knobs("sm_90a", "bf16", rank)
+    name = variant_name("quantize_act", "sm_90a", knobs)
+    built = {}
+    for end in (False, True):
+        monkeypatch.setattr(qk, "_MEET_END", end)
+        d = tmp_path / str(end)
+        d.mkdir()
+        ck = fam.compile("sm_90a", knobs, name, str(d), keep_ptx=True)
+        (d / "k.cubin").write_bytes(ck.cubin)
+        ru = ck.resource_usage[ck.kernel_symbols[0]]
+        sass = dump_sass(str(d / "k.cubin"))
+        if sass is None:
+            pytest.skip("cuobjdump / nvdisasm not available")
+        ins = instructions(sass)
+        built[end] = (ck.cubin, ru["stack_frame_bytes"], ru["registers"], collectives(ins), loops(ins)[0], ck.ptx)
+    cubin, stack, regs, coll, loop, ptx = built[True]
+    assert cubin != built[False][0] and stack == 0
+    assert regs - built[False][2] <= (0 if rank == 32 else 2), (regs, built[False][2])
+    want = plan.min_ctas_per_sm(plan._cfg_of(knobs), "sm_90a")
+    assert max(1, want) * fam.threads_for(knobs) * regs <= 65536
+    base = built[False][4]
+    assert coll == 0 and loop["hmma"] == base["hmma"] and loop["instructions"] <= base["instructions"], (loop, base)
+    for s in ("fence.acq_rel.gpu", "atom.acq_rel.gpu.global.cas.b64", "ld.relaxed.gpu.global.v2.f32"):
+        assert s in ptx
+
+
+def test_the_meeting_switch_names_its_values():
+    """A bad SVDQ_KERNEL_QUANT_MEET is refused at import with the value and the allowed forms."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", "import svdq_kernels.quantize_kernel"], capture_output=True,
+                       text=True, env=dict(os.environ, SVDQ_KERNEL_QUANT_MEET="cta"))
+    assert r.returncode != 0 and "SVDQ_KERNEL_QUANT_MEET='cta'" in r.stderr and "'tile'" in r.stderr
