@@ -386,16 +386,7 @@ class _QuantizeAct:
                         cute.arch.sync_threads()
                         store = Int32(_lds_u32(base.toint()) == b_last - b_first + 1)
                         if store != 0:
-                            for i in cutlass.range_constexpr(2 * per_thr):
-                                tot[i] = Float32(0.0)
-                            for b in cutlass.range(b_first, b_last + 1, 1, unroll=1):
-                                first_tile = Int32(range_start(Int64(b), Int64(U), Gv)) // nsteps
-                                sb = parts + (Int64(b) * 2 + Int64(first_tile != tile)) * slot_bytes
-                                for i in cutlass.range_constexpr(per_thr):
-                                    idx = cutlass.min(tid + 32 * W * i, npairs - 1)
-                                    pv = _ld_relaxed_v2f(sb + idx * 8)
-                                    tot[2 * i] = tot[2 * i] + pv[0]
-                                    tot[2 * i + 1] = tot[2 * i + 1] + pv[1]
+                            self._add_slots(tot, parts, tile, b_first, b_last, U, Gv, nsteps, tid)
                             if tid == 0:
                                 _st_u64(wsb + Int64(b_first) * 8, Int64(0))
                     for i in cutlass.range_constexpr(per_thr):
@@ -451,16 +442,7 @@ class _QuantizeAct:
                         b_last = lasts[e]
                         if _lds_u32(base.toint() + 4 * e) == b_last - b_first + 1:
                             tot = cute.make_rmem_tensor((2 * per_thr,), Float32)
-                            for i in cutlass.range_constexpr(2 * per_thr):
-                                tot[i] = Float32(0.0)
-                            for b in cutlass.range(b_first, b_last + 1, 1, unroll=1):
-                                first_tile = Int32(range_start(Int64(b), Int64(U), Gv)) // nsteps
-                                sb = parts + (Int64(b) * 2 + Int64(first_tile != tile)) * slot_bytes
-                                for i in cutlass.range_constexpr(per_thr):
-                                    idx = cutlass.min(tid + 32 * W * i, npairs - 1)
-                                    pv = _ld_relaxed_v2f(sb + idx * 8)
-                                    tot[2 * i] = tot[2 * i] + pv[0]
-                                    tot[2 * i + 1] = tot[2 * i + 1] + pv[1]
+                            self._add_slots(tot, parts, tile, b_first, b_last, U, Gv, nsteps, tid)
                             if tid == 0:
                                 _st_u64(wsb + Int64(b_first) * 8, Int64(0))
                             row0 = tile * self.rows_cta
@@ -488,6 +470,25 @@ class _QuantizeAct:
 
     class _Ctx:
         """Trace-time bag of the kernel's per-thread values (keeps the loop body out of the AST rewrite)."""
+
+    @cute.jit
+    def _add_slots(self, tot, parts, tile, b_first, b_last, U, Gv, nsteps, tid):
+        """The last arrival on a split tile's counter: `tot` = the tile's slots of CTAs b_first .. b_last, added
+        in CTA order (the same sum whichever CTA arrives last)."""
+        W, R = self.W, self.R
+        per_thr = _sums_per_thread(self.cfg)
+        npairs = self.rows_cta * R // 2
+        slot_bytes = self.rows_cta * R * 4
+        for i in cutlass.range_constexpr(2 * per_thr):
+            tot[i] = Float32(0.0)
+        for b in cutlass.range(b_first, b_last + 1, 1, unroll=1):
+            first_tile = Int32(range_start(Int64(b), Int64(U), Gv)) // nsteps
+            sb = parts + (Int64(b) * 2 + Int64(first_tile != tile)) * slot_bytes
+            for i in cutlass.range_constexpr(per_thr):
+                idx = cutlass.min(tid + 32 * W * i, npairs - 1)
+                pv = _ld_relaxed_v2f(sb + idx * 8)
+                tot[2 * i] = tot[2 * i] + pv[0]
+                tot[2 * i + 1] = tot[2 * i + 1] + pv[1]
 
     def _copy_x(self, c, slot, step):
         """cp.async this lane's x of `step` into ring slot `slot`: chunk (row q, half hv) at
