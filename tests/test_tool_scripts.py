@@ -188,3 +188,35 @@ def test_outputs_are_packed_only_where_the_run_started_in_an_empty_folder(tmp_pa
     names = {p.name for p in out.iterdir()}
     assert "results.tgz" not in names and (out / "mine.txt").read_text() == "keep me"
     assert {"bench_gemm_bf16.log", "ncu_3072_21504.csv", "summary.txt"} <= names and len(names) > 8
+
+
+def test_the_quant_ab_script_refuses_missing_folders(tmp_path):
+    script = str(SCRIPTS[0].parent / "h200_quant_ab.sh")
+    r = subprocess.run(["bash", script], capture_output=True, text=True)
+    assert r.returncode == 2 and "usage: h200_quant_ab.sh BASE EXP" in r.stderr
+    base, = _artifact_folders(tmp_path, ("base",))
+    r = subprocess.run(["bash", script, base, str(tmp_path / "nope")], capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out")})
+    assert r.returncode == 2 and "nope has no manifest.json" in r.stderr
+    assert not (tmp_path / "out").exists()           # refused before anything ran
+
+
+def test_the_quant_ab_script_sweeps_both_folders_then_tests_the_experiment(tmp_path):
+    """`h200_quant_ab.sh BASE EXP`: one quant_sweep over both folders with the full check, then the GPU tests and the
+    selftest of EXP alone, each a step with its verdict in summary.txt."""
+    script = str(SCRIPTS[0].parent / "h200_quant_ab.sh")
+    base, exp = _artifact_folders(tmp_path, ("base", "exp"))
+    path, calls = _stub_bin(tmp_path)
+    out = tmp_path / "out"
+    r = subprocess.run(["bash", script, base, exp], capture_output=True, text=True,
+                       env={"PATH": path, "OUT": str(out), "SWEEP_RANKS": "32"})
+    assert r.returncode == 0, r.stderr
+    log = [line for line in calls.read_text().splitlines() if "pip install" not in line]
+    assert len(log) == 3
+    sweep, tests, selftest = (line.split() for line in log)
+    assert sweep[1] == "tools/quant_sweep.py" and sweep[2:4] == [base, exp] and "--full-check" in sweep
+    assert sweep[sweep.index("--ranks") + 1] == "32"
+    assert tests[1:4] == ["-m", "pytest", "-q"] and "tests/test_gpu_quantize.py" in tests
+    assert selftest[3] == exp and selftest[-2:] == ["--op", "quantize_act"]
+    summary = (out / "summary.txt").read_text()
+    assert all(f"{step}: exit 0" in summary for step in ("sweep", "tests", "selftest"))

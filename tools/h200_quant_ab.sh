@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One device call that decides a quantize_act kernel switch (SVDQ_KERNEL_QUANT_*) against the default build:
+#   bash tools/h200_quant_ab.sh BASE EXP            (artifact folders of the same config, both carried)
+# e.g. the range form's meeting once per CTA (docs/PERF.md, session 45), built on the CPU first:
+#   svdq-aot build configs/quant_q5.yaml -o artifacts_q5 -j 2
+#   SVDQ_KERNEL_QUANT_MEET=end svdq-aot build configs/quant_q5.yaml -o artifacts_q5_end -j 2
+#   bash tools/h200_quant_ab.sh artifacts_q5 artifacts_q5_end       (carry: ["artifacts_q5", "artifacts_q5_end"])
+# 1. tools/quant_sweep.py over both folders on the same problems (SWEEP_M, SWEEP_K, SWEEP_RANKS, SWEEP_CTAS), every
+#    row's codes, scales and lora_act_in checked (--full-check);
+# 2. EXP's bit-exact GPU tests (tests/test_gpu_quantize.py, the forced range and cluster forms included; TEST_K picks
+#    a subset) and its selftest.
+# Each step has a time budget; logs land in $OUT, one verdict line per step in $OUT/summary.txt.
+set -uo pipefail
+if [ $# -ne 2 ]; then
+    echo "usage: h200_quant_ab.sh BASE EXP" >&2
+    exit 2
+fi
+for A in "$@"; do
+    if [ ! -f "$A/manifest.json" ]; then
+        echo "h200_quant_ab.sh: $A has no manifest.json (build it, then carry it)" >&2
+        exit 2
+    fi
+done
+BASE=$1 EXP=$2
+OUT=${OUT:-/tmp/svdq-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if ! python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1; then
+    tail -20 "$OUT/install.log"
+    exit 1
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+: >"$OUT/summary.txt"
+step() {  # step NAME BUDGET_S LOG CMD...
+    local name=$1 budget=$2 log=$3; shift 3
+    local t0; t0=$(date +%s)
+    timeout -k 5 "$budget" "$@" >"$OUT/$log" 2>&1
+    local rc=$?
+    echo "$name: exit $rc in $(( $(date +%s) - t0 ))s -> $log" | tee -a "$OUT/summary.txt"
+}
+step sweep "${T_SWEEP:-200}" sweep.txt python3 tools/quant_sweep.py "$BASE" "$EXP" --m "${SWEEP_M:-4608,2048,9216}" \
+    --k "${SWEEP_K:-3072,12288,15360}" --ksplit 1 --ctas "${SWEEP_CTAS:-fill,auto}" --smooth 1 \
+    --ranks "${SWEEP_RANKS:-16,32,64}" --full-check
+grep -E "^\| dtype" "$OUT/sweep.txt" | awk -F'|' '{print $2,$3,$4,$5,$7,$8,$10,$12}'
+step tests "${T_TESTS:-250}" tests.txt env SVDQ_ARTIFACTS="$EXP" SVDQ_REQUIRE_GPU=1 python3 -m pytest -q \
+    -p no:cacheprovider tests/test_gpu_quantize.py -k "${TEST_K:-not then_gemm}"
+tail -2 "$OUT/tests.txt"
+step selftest "${T_SELFTEST:-100}" selftest.txt python3 -m svdq_loader.testing.selftest "$EXP" --require-gpu \
+    --op quantize_act
+tail -2 "$OUT/selftest.txt"
