@@ -386,19 +386,8 @@ class _QuantizeAct:
                         cute.arch.sync_threads()
                         store = Int32(_lds_u32(base.toint()) == b_last - b_first + 1)
                         if store != 0:
-                            self._add_slots(tot, parts, tile, b_first, b_last, U, Gv, nsteps, tid)
-                            if tid == 0:
-                                _st_u64(wsb + Int64(b_first) * 8, Int64(0))
-                    for i in cutlass.range_constexpr(per_thr):
-                        idx = tid + 32 * W * i
-                        rr = idx // (R // 2)
-                        cc = (idx % (R // 2)) * 2
-                        row = row0 + rr
-                        ok = Int32((row < m) & (idx < npairs) & (store != 0))
-                        if cutlass.const_expr(_PROBE):
-                            ok = Int32(0)
-                        _st_u32_pred(lab + (Int64(cutlass.min(row, m - 1)) * R + cc) * 2,
-                                     _pack_pair(tot[2 * i], tot[2 * i + 1], dt), ok)
+                            self._add_slots(tot, wsb, parts, tile, b_first, b_last, U, Gv, nsteps, tid)
+                    self._store_rows(tot, lab, row0, m, store, tid)
                     cute.arch.sync_threads()          # the next tile's copies reuse the SMEM read above
 
         if cutlass.const_expr(R > 0 and _MEET_END):
@@ -442,20 +431,8 @@ class _QuantizeAct:
                         b_last = lasts[e]
                         if _lds_u32(base.toint() + 4 * e) == b_last - b_first + 1:
                             tot = cute.make_rmem_tensor((2 * per_thr,), Float32)
-                            self._add_slots(tot, parts, tile, b_first, b_last, U, Gv, nsteps, tid)
-                            if tid == 0:
-                                _st_u64(wsb + Int64(b_first) * 8, Int64(0))
-                            row0 = tile * self.rows_cta
-                            for i in cutlass.range_constexpr(per_thr):
-                                idx = tid + 32 * W * i
-                                rr = idx // (R // 2)
-                                cc = (idx % (R // 2)) * 2
-                                row = row0 + rr
-                                ok = Int32((row < m) & (idx < npairs))
-                                if cutlass.const_expr(_PROBE):
-                                    ok = Int32(0)
-                                _st_u32_pred(lab + (Int64(cutlass.min(row, m - 1)) * R + cc) * 2,
-                                             _pack_pair(tot[2 * i], tot[2 * i + 1], dt), ok)
+                            self._add_slots(tot, wsb, parts, tile, b_first, b_last, U, Gv, nsteps, tid)
+                            self._store_rows(tot, lab, tile * self.rows_cta, m, Int32(1), tid)
 
         if cutlass.const_expr(_PROBE and R > 0):
             # diagnosis build only: per CTA (SM id, t_start, t_end) into lora_act_in
@@ -472,9 +449,9 @@ class _QuantizeAct:
         """Trace-time bag of the kernel's per-thread values (keeps the loop body out of the AST rewrite)."""
 
     @cute.jit
-    def _add_slots(self, tot, parts, tile, b_first, b_last, U, Gv, nsteps, tid):
+    def _add_slots(self, tot, wsb, parts, tile, b_first, b_last, U, Gv, nsteps, tid):
         """The last arrival on a split tile's counter: `tot` = the tile's slots of CTAs b_first .. b_last, added
-        in CTA order (the same sum whichever CTA arrives last)."""
+        in CTA order (the same sum whichever CTA arrives last); then the counter (b_first's word) back to 0."""
         W, R = self.W, self.R
         per_thr = _sums_per_thread(self.cfg)
         npairs = self.rows_cta * R // 2
@@ -489,6 +466,24 @@ class _QuantizeAct:
                 pv = _ld_relaxed_v2f(sb + idx * 8)
                 tot[2 * i] = tot[2 * i] + pv[0]
                 tot[2 * i + 1] = tot[2 * i + 1] + pv[1]
+        if tid == 0:
+            _st_u64(wsb + Int64(b_first) * 8, Int64(0))
+
+    @cute.jit
+    def _store_rows(self, tot, lab, row0, m, store, tid):
+        """The LoRA sums `tot` of the tile at row0 into lora_act_in (rows < m, where store != 0), in x's dtype."""
+        W, R = self.W, self.R
+        npairs = self.rows_cta * R // 2
+        for i in cutlass.range_constexpr(_sums_per_thread(self.cfg)):
+            idx = tid + 32 * W * i
+            rr = idx // (R // 2)
+            cc = (idx % (R // 2)) * 2
+            row = row0 + rr
+            ok = Int32((row < m) & (idx < npairs) & (store != 0))
+            if cutlass.const_expr(_PROBE):
+                ok = Int32(0)
+            _st_u32_pred(lab + (Int64(cutlass.min(row, m - 1)) * R + cc) * 2,
+                         _pack_pair(tot[2 * i], tot[2 * i + 1], self.dt), ok)
 
     def _copy_x(self, c, slot, step):
         """cp.async this lane's x of `step` into ring slot `slot`: chunk (row q, half hv) at
