@@ -31,9 +31,8 @@ Work decomposition
     ``workspace_counter_bytes(G)`` of counter words), then one thread fences at GPU scope and counts an
     arrival on the tile's counter (its first CTA's word, ``cta_of_unit``) with a compare-and-swap; the last
     arrival adds the slots in CTA order, stores the rows and writes the counter back to 0.  The workspace
-    needs no zeroing: a word counts as zero unless its top 48 bits are ``quantize_ptx._ARRIVE_KEY``.  (The
-    build switch ``SVDQ_KERNEL_QUANT_MEET=end``, an experiment, moves both of a CTA's meetings after its last
-    tile: the same slots, counters and order, one barrier and one fence.)
+    needs no zeroing: a word counts as zero unless its top 48 bits are ``quantize_ptx._ARRIVE_KEY``.  (Meeting
+    once per CTA, after its last tile, was measured 1-8 % slower: docs/PERF.md, session 46.)
   Codes and scales need no reduction in either form.  rows = M (``logical``) or M rounded up to 128
   (``blocked``: the pad rows get scale 0).
 * **x in flight.** Each lane loads its own x chunks (and its smooth pair) of
@@ -128,14 +127,6 @@ _ONE_PAIR = {"bf16": 0x3F803F80, "fp16": 0x3C003C00}   # (1.0, 1.0) in the 16-bi
 #: (tools/quant_timeline.py reads them).  A kernel build switch: it enters the cache key and the build fingerprint
 #: (svdq_aot.cache), so such cubins are never mixed with plain ones.
 _PROBE = os.environ.get("SVDQ_KERNEL_QUANT_PROBE") == "1"
-#: Experiment (build switch, not the default): SVDQ_KERNEL_QUANT_MEET=end makes the range form's CTAs meet once, after
-#: their last tile, instead of at the end of each split tile: a split tile's LoRA sums wait in registers (2 * per-thread
-#: pairs) while the CTA works its second tile, then one barrier, one GPU-scope fence and one arrival per split tile.
-#: The default, ``tile``, meets at the end of each split tile (docs/PERF.md, session 45: its cost, 4-5 µs at M = 4608).
-_MEET = os.environ.get("SVDQ_KERNEL_QUANT_MEET", "tile")
-if _MEET not in ("tile", "end"):
-    raise ValueError(f"SVDQ_KERNEL_QUANT_MEET={_MEET!r}: expected 'tile' (the default) or 'end'")
-_MEET_END = _MEET == "end"
 
 
 # ---------------------------------------------------------------------------
@@ -224,12 +215,6 @@ class _QuantizeAct:
         if cutlass.const_expr(not self.ring):
             nxt = cute.make_rmem_tensor((NG * 8,), Int32)
             sm_nxt = cute.make_rmem_tensor((1,), Int32)
-        if cutlass.const_expr(R > 0 and _MEET_END):
-            PT = _sums_per_thread(self.cfg)
-            keep = cute.make_rmem_tensor((2 * 2 * PT,), Float32)     # each split tile's pair totals, until the end
-            split = cute.make_rmem_tensor((2,), Int32)               # which of the CTA's two tiles are split
-            split[0] = Int32(0)
-            split[1] = Int32(0)
 
         for seg in cutlass.range_constexpr(2):       # a CTA's range spans at most two tiles (ctas >= tiles)
             tile = t_a + seg
@@ -353,13 +338,6 @@ class _QuantizeAct:
                                     tot[2 * i + 1] = tot[2 * i + 1] + pv[1]
                         cute.arch.cluster_arrive()
                         cute.arch.cluster_wait()
-                    elif cutlass.const_expr(_MEET_END):
-                        if (lo != 0) | (hi != nsteps):
-                            # a split tile: its pair totals wait in registers for the meeting after the last tile
-                            for i in cutlass.range_constexpr(2 * per_thr):
-                                keep[seg * 2 * per_thr + i] = tot[i]
-                            split[seg] = Int32(1)
-                            store = Int32(0)
                     elif (lo != 0) | (hi != nsteps):
                         # the tile is split over CTAs b_first .. b_last: each writes its sums to its own slot of the
                         # workspace and arrives on the tile's counter (b_first's); the last to arrive adds the slots in
@@ -389,50 +367,6 @@ class _QuantizeAct:
                             self._add_slots(tot, wsb, parts, tile, b_first, b_last, U, Gv, nsteps, tid)
                     self._store_rows(tot, lab, row0, m, store, tid)
                     cute.arch.sync_threads()          # the next tile's copies reuse the SMEM read above
-
-        if cutlass.const_expr(R > 0 and _MEET_END):
-            # SVDQ_KERNEL_QUANT_MEET=end: the meeting of the CTA's split tiles (range form only; at most its first and
-            # its last tile), once, after its work: the same slots, counters and sum order as the per-tile meeting
-            if (split[0] | split[1]) != 0:
-                npairs = self.rows_cta * R // 2
-                per_thr = _sums_per_thread(self.cfg)
-                Gv = Int64(_asm("mov.u32 $0, %nctaid.x;", (Int32,), [], "=r", True))
-                wsb = workspace.toint()
-                parts = wsb + workspace_counter_bytes(Gv)
-                slot_bytes = self.rows_cta * R * 4
-                for e in cutlass.range_constexpr(2):
-                    if split[e] != 0:
-                        mine = parts + (Int64(bid) * 2 + Int64(e)) * slot_bytes
-                        for i in cutlass.range_constexpr(per_thr):
-                            idx = tid + 32 * W * i
-                            _st_v2f_pred(mine + idx * 8, keep[e * 2 * per_thr + 2 * i],
-                                         keep[e * 2 * per_thr + 2 * i + 1], Int32(idx < npairs))
-                cute.arch.sync_threads()
-                # each split tile's first and last CTA (every thread computes them: the 64-bit divisions are
-                # subroutine calls, which inside the one-thread branch below cost the step loops ptxas'
-                # diverged-warp paths)
-                firsts = []
-                lasts = []
-                for e in cutlass.range_constexpr(2):
-                    tu = Int64(t_a + e) * nsteps
-                    firsts.append(Int32(cta_of_unit(tu, Int64(U), Gv)))
-                    lasts.append(Int32(cta_of_unit(tu + nsteps - 1, Int64(U), Gv)))
-                if tid == 0:
-                    _fence_gpu()
-                    for e in cutlass.range_constexpr(2):
-                        if split[e] != 0:
-                            _sts_u32(base.toint() + 4 * e, _arrive(wsb + Int64(firsts[e]) * 8))
-                cute.arch.sync_threads()
-                lab = lora_act_in.toint()
-                for e in cutlass.range_constexpr(2):
-                    if split[e] != 0:
-                        tile = t_a + e
-                        b_first = firsts[e]
-                        b_last = lasts[e]
-                        if _lds_u32(base.toint() + 4 * e) == b_last - b_first + 1:
-                            tot = cute.make_rmem_tensor((2 * per_thr,), Float32)
-                            self._add_slots(tot, wsb, parts, tile, b_first, b_last, U, Gv, nsteps, tid)
-                            self._store_rows(tot, lab, tile * self.rows_cta, m, Int32(1), tid)
 
         if cutlass.const_expr(_PROBE and R > 0):
             # diagnosis build only: per CTA (SM id, t_start, t_end) into lora_act_in

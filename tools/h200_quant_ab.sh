@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # One device call that decides a quantize_act kernel switch (SVDQ_KERNEL_QUANT_*) against the default build:
 #   bash tools/h200_quant_ab.sh BASE EXP            (artifact folders of the same config, both carried)
-# e.g. the range form's meeting once per CTA (docs/PERF.md, session 45), built on the CPU first:
+# e.g. a switch SVDQ_KERNEL_QUANT_X=1 in kernel_src/quantize_kernel.py, built on the CPU first (docs/PERF.md, session
+# 46, ran it for a LoRA-meeting switch since removed):
 #   svdq-aot build configs/quant_q5.yaml -o artifacts_q5 -j 2
-#   SVDQ_KERNEL_QUANT_MEET=end svdq-aot build configs/quant_q5.yaml -o artifacts_q5_end -j 2
-#   bash tools/h200_quant_ab.sh artifacts_q5 artifacts_q5_end       (carry: ["artifacts_q5", "artifacts_q5_end"])
+#   SVDQ_KERNEL_QUANT_X=1 svdq-aot build configs/quant_q5.yaml -o artifacts_q5_x -j 2
+#   bash tools/h200_quant_ab.sh artifacts_q5 artifacts_q5_x       (carry: ["artifacts_q5", "artifacts_q5_x"])
 # 1. tools/quant_sweep.py over both folders on the same problems (SWEEP_M, SWEEP_K, SWEEP_RANKS, SWEEP_CTAS), every
 #    row's codes, scales and lora_act_in checked (--full-check);
 # 2. EXP's bit-exact GPU tests (tests/test_gpu_quantize.py, the forced range and cluster forms included; TEST_K picks
