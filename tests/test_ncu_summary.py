@@ -36,7 +36,9 @@ def _gemm_metrics(time=("ns", "72,608")):
          "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": ("%", "81.76"),
          "smsp__issue_active.avg.pct_of_peak_sustained_active": ("%", "23.47"),
          "dram__throughput.avg.pct_of_peak_sustained_elapsed": ("%", "12.27"),
-         "sm__cycles_active.avg": ("cycle", "60,000.00"), "sm__cycles_elapsed.avg": ("cycle", "100,000.00")}
+         "sm__cycles_active.avg": ("cycle", "60,000.00"), "sm__cycles_elapsed.avg": ("cycle", "100,000.00"),
+         "lts__throughput.avg.pct_of_peak_sustained_elapsed": ("%", "47.60"),
+         "lts__t_bytes.sum": ("Mbyte", "301.26")}     # over 72.608 us: 4.149 TB/s
     # stall ratios summing to 1000: shares are the values / 10
     for s, v in (("long_scoreboard", 400), ("selected", 250), ("wait", 150), ("barrier", 120), ("membar", 80)):
         m[f"smsp__average_warp_latency_issue_stalled_{s}.ratio"] = ("inst/warp", f"{v:,}.00")
@@ -52,9 +54,9 @@ def test_one_row_per_launch_with_shares_computed_from_the_raw_metrics(tmp_path):
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].startswith("| problem | # | kernel |") and lines[1].startswith("|---|")
-    assert lines[2] == "| (3072, 21504) | 0 | decode_act | — × — (—) | 3.8 | — | — | — | — | — |"
+    assert lines[2] == "| (3072, 21504) | 0 | decode_act | — × — (—) | 3.8 | — | — | — | — | — | — |"
     assert lines[3] == ("| (3072, 21504) | 1 | gemm_w4a4 tilem256 tilen128 schedulews wsets2 actsourceimages | "
-                        "132 × 384 (168) | 72.6 | 82 % | 23 % | 12 % | 60 % | "
+                        "132 × 384 (168) | 72.6 | 82 % | 23 % | 12 % | 48 % (4.1 TB/s) | 60 % | "
                         "long scoreboard 40 %, wait 15 %, barrier 12 % |")     # "selected" (25 %) left out
     assert len(lines) == 4
 
@@ -78,7 +80,8 @@ def test_a_log_without_the_csv_is_refused_by_name(tmp_path):
 def test_metrics_list_names_every_metric_the_summary_reads():
     r = subprocess.run([sys.executable, str(TOOL), "--metrics"], capture_output=True, text=True)
     names = r.stdout.strip().split(",")
-    assert r.returncode == 0 and len(names) == len(set(names)) == 19
+    assert r.returncode == 0 and len(names) == len(set(names)) == 21
+    assert "lts__t_bytes.sum" in names and "lts__throughput.avg.pct_of_peak_sustained_elapsed" in names
     assert "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active" in names
     assert all(f"smsp__average_warp_latency_issue_stalled_{s}.ratio" in names for s in ncu_summary.STALLS)
 
@@ -88,3 +91,13 @@ def test_the_header_alone():
     assert r.returncode == 0 and r.stdout == ncu_summary.HEADER + "\n"
     r = subprocess.run([sys.executable, str(TOOL)], capture_output=True, text=True)
     assert r.returncode == 2 and "give an ncu CSV log" in r.stderr
+
+
+@pytest.mark.parametrize("unit, value", [("byte", "301,260,000"), ("Kbyte", "301,260"), ("Mbyte", "301.26"),
+                                         ("Gbyte", "0.30126")])
+def test_l2_bytes_in_any_unit_over_the_kernel_time(unit, value):
+    """The L2 rate is lts__t_bytes (ncu's decimal units) over gpu__time_duration: 301.26 MB in 72.608 us."""
+    m = _gemm_metrics()
+    m["lts__t_bytes.sum"] = (unit, value)
+    s = ncu_summary.summarize(ncu_summary.read_launches(_log([("1", GEMM, m)]))[0])
+    assert s["l2"] == pytest.approx(47.6) and s["l2_tbs"] == pytest.approx(301.26e6 / 72.608e-6 / 1e12)

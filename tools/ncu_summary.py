@@ -1,4 +1,4 @@
-"""One markdown row per kernel launch from an `ncu --csv --metrics ...` log: time, grid, pipes, SM activity, stalls.
+"""One markdown row per kernel launch from an `ncu --csv --metrics ...` log: time, grid, pipes, L2, SM activity, stalls.
 
     ncu --clock-control none --csv -k regex:svdq --metrics "$(python3 tools/ncu_summary.py --metrics)" \\
         python3 tools/sm90_one_call.py --m 256,64,16 --k 3072 --n 3072 > ncu.csv
@@ -7,6 +7,7 @@
 
 The log may hold the profiled program's own lines before ncu's CSV; they are skipped. "SMs active" is
 `sm__cycles_active.avg` over `sm__cycles_elapsed.avg` (the share of the kernel's cycles an average SM had work);
+"L2" is `lts__throughput` (% of its peak) and the L2's bytes (`lts__t_bytes.sum`) over the kernel's time;
 a stall's share is its `smsp__average_warp_latency_issue_stalled_*` ratio over the sum of the stall ratios measured,
 and the column lists the largest three other than "selected" (the cycles a warp issues). `tools/h200_all.sh
 measures` runs it on the kernels of issue 7's small-M points.
@@ -22,13 +23,15 @@ STALLS = ("long_scoreboard", "wait", "barrier", "math_pipe_throttle", "membar", 
 BASE = ("gpu__time_duration.sum", "launch__grid_size", "launch__block_size", "launch__registers_per_thread",
         "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
         "smsp__issue_active.avg.pct_of_peak_sustained_active", "dram__throughput.avg.pct_of_peak_sustained_elapsed",
-        "sm__cycles_active.avg", "sm__cycles_elapsed.avg")
+        "sm__cycles_active.avg", "sm__cycles_elapsed.avg", "lts__throughput.avg.pct_of_peak_sustained_elapsed",
+        "lts__t_bytes.sum")
 METRICS = BASE + tuple(f"smsp__average_warp_latency_issue_stalled_{s}.ratio" for s in STALLS)
 _TIME_UNITS = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
+_BYTE_UNITS = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12}      # ncu's units are decimal
 #: the name fields of a GEMM variant that tell its form apart (the rest is the same for every kernel of a call)
 _FORM_KEYS = ("tilem", "tilen", "schedule", "splitk", "wsets", "actsource")
-HEADER = ("| problem | # | kernel | grid × threads (registers) | µs | tensor pipe | issue slots | DRAM | SMs active "
-          "| largest stalls |\n|---|---|---|---|---|---|---|---|---|---|")
+HEADER = ("| problem | # | kernel | grid × threads (registers) | µs | tensor pipe | issue slots | DRAM | L2 "
+          "| SMs active | largest stalls |\n|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 class NcuLogError(ValueError):
@@ -84,6 +87,10 @@ def summarize(launch: dict) -> dict:
     out["tensor"] = get("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active")
     out["issue"] = get("smsp__issue_active.avg.pct_of_peak_sustained_active")
     out["dram"] = get("dram__throughput.avg.pct_of_peak_sustained_elapsed")
+    out["l2"] = get("lts__throughput.avg.pct_of_peak_sustained_elapsed")
+    b = m.get("lts__t_bytes.sum")
+    nbytes = _number(b[0]) * _BYTE_UNITS.get(b[1], float("nan")) if b else None
+    out["l2_tbs"] = nbytes / out["us"] / 1e6 if nbytes is not None and out["us"] else None
     act, el = get("sm__cycles_active.avg"), get("sm__cycles_elapsed.avg")
     out["sms_active"] = 100.0 * act / el if act is not None and el else None
     stalls = {s: get(f"smsp__average_warp_latency_issue_stalled_{s}.ratio") for s in STALLS}
@@ -103,8 +110,10 @@ def row(s: dict, label: str) -> str:
     top = sorted(((v, k) for k, v in s["stalls"].items() if k != "selected"), reverse=True)[:3]
     stalls = ", ".join(f"{k.replace('_', ' ')} {v:.0f} %" for v, k in top) or "—"
     us = "—" if s["us"] is None else f"{s['us']:.1f}"
+    l2 = pct(s["l2"]) + ("" if s["l2_tbs"] is None else f" ({s['l2_tbs']:.1f} TB/s)")
     return (f"| {label} | {s['id']} | {s['kernel']} | {num(s['grid'])} × {num(s['block'])} ({num(s['regs'])}) | {us} "
-            f"| {pct(s['tensor'])} | {pct(s['issue'])} | {pct(s['dram'])} | {pct(s['sms_active'])} | {stalls} |")
+            f"| {pct(s['tensor'])} | {pct(s['issue'])} | {pct(s['dram'])} | {l2} | {pct(s['sms_active'])} "
+            f"| {stalls} |")
 
 
 def main(argv=None) -> int:
