@@ -364,8 +364,28 @@ class _QuantizeAct:
                         cute.arch.sync_threads()
                         store = Int32(_lds_u32(base.toint()) == b_last - b_first + 1)
                         if store != 0:
-                            self._add_slots(tot, wsb, parts, tile, b_first, b_last, U, Gv, nsteps, tid)
-                    self._store_rows(tot, lab, row0, m, store, tid)
+                            for i in cutlass.range_constexpr(2 * per_thr):
+                                tot[i] = Float32(0.0)
+                            for b in cutlass.range(b_first, b_last + 1, 1, unroll=1):
+                                first_tile = Int32(range_start(Int64(b), Int64(U), Gv)) // nsteps
+                                sb = parts + (Int64(b) * 2 + Int64(first_tile != tile)) * slot_bytes
+                                for i in cutlass.range_constexpr(per_thr):
+                                    idx = cutlass.min(tid + 32 * W * i, npairs - 1)
+                                    pv = _ld_relaxed_v2f(sb + idx * 8)
+                                    tot[2 * i] = tot[2 * i] + pv[0]
+                                    tot[2 * i + 1] = tot[2 * i + 1] + pv[1]
+                            if tid == 0:
+                                _st_u64(wsb + Int64(b_first) * 8, Int64(0))
+                    for i in cutlass.range_constexpr(per_thr):
+                        idx = tid + 32 * W * i
+                        rr = idx // (R // 2)
+                        cc = (idx % (R // 2)) * 2
+                        row = row0 + rr
+                        ok = Int32((row < m) & (idx < npairs) & (store != 0))
+                        if cutlass.const_expr(_PROBE):
+                            ok = Int32(0)
+                        _st_u32_pred(lab + (Int64(cutlass.min(row, m - 1)) * R + cc) * 2,
+                                     _pack_pair(tot[2 * i], tot[2 * i + 1], dt), ok)
                     cute.arch.sync_threads()          # the next tile's copies reuse the SMEM read above
 
         if cutlass.const_expr(_PROBE and R > 0):
@@ -381,43 +401,6 @@ class _QuantizeAct:
 
     class _Ctx:
         """Trace-time bag of the kernel's per-thread values (keeps the loop body out of the AST rewrite)."""
-
-    @cute.jit
-    def _add_slots(self, tot, wsb, parts, tile, b_first, b_last, U, Gv, nsteps, tid):
-        """The last arrival on a split tile's counter: `tot` = the tile's slots of CTAs b_first .. b_last, added
-        in CTA order (the same sum whichever CTA arrives last); then the counter (b_first's word) back to 0."""
-        W, R = self.W, self.R
-        per_thr = _sums_per_thread(self.cfg)
-        npairs = self.rows_cta * R // 2
-        slot_bytes = self.rows_cta * R * 4
-        for i in cutlass.range_constexpr(2 * per_thr):
-            tot[i] = Float32(0.0)
-        for b in cutlass.range(b_first, b_last + 1, 1, unroll=1):
-            first_tile = Int32(range_start(Int64(b), Int64(U), Gv)) // nsteps
-            sb = parts + (Int64(b) * 2 + Int64(first_tile != tile)) * slot_bytes
-            for i in cutlass.range_constexpr(per_thr):
-                idx = cutlass.min(tid + 32 * W * i, npairs - 1)
-                pv = _ld_relaxed_v2f(sb + idx * 8)
-                tot[2 * i] = tot[2 * i] + pv[0]
-                tot[2 * i + 1] = tot[2 * i + 1] + pv[1]
-        if tid == 0:
-            _st_u64(wsb + Int64(b_first) * 8, Int64(0))
-
-    @cute.jit
-    def _store_rows(self, tot, lab, row0, m, store, tid):
-        """The LoRA sums `tot` of the tile at row0 into lora_act_in (rows < m, where store != 0), in x's dtype."""
-        W, R = self.W, self.R
-        npairs = self.rows_cta * R // 2
-        for i in cutlass.range_constexpr(_sums_per_thread(self.cfg)):
-            idx = tid + 32 * W * i
-            rr = idx // (R // 2)
-            cc = (idx % (R // 2)) * 2
-            row = row0 + rr
-            ok = Int32((row < m) & (idx < npairs) & (store != 0))
-            if cutlass.const_expr(_PROBE):
-                ok = Int32(0)
-            _st_u32_pred(lab + (Int64(cutlass.min(row, m - 1)) * R + cc) * 2,
-                         _pack_pair(tot[2 * i], tot[2 * i + 1], self.dt), ok)
 
     def _copy_x(self, c, slot, step):
         """cp.async this lane's x of `step` into ring slot `slot`: chunk (row q, half hv) at
