@@ -26,15 +26,7 @@ mkdir -p "$OUT"
 OUT_WAS_EMPTY=0; [ -z "$(ls -A "$OUT")" ] && OUT_WAS_EMPTY=1     # only then may the end pack (and remove) its files
 export PYTHONUNBUFFERED=1 SVDQ_REQUIRE_GPU=1 SVDQ_ARTIFACTS=artifacts
 START=$(date +%s)
-step() {  # step NAME BUDGET_S LOG CMD...
-    local name=$1 budget=$2 log=$3; shift 3
-    local t0; t0=$(date +%s)
-    timeout -k 5 "$budget" "$@" >"$OUT/$log" 2>&1
-    local rc=$?
-    local verdict="exit $rc"; { [ $rc -eq 124 ] || [ $rc -eq 137 ]; } && verdict="TIMED OUT after ${budget}s"
-    echo "$name: $verdict in $(( $(date +%s) - t0 ))s -> $log" | tee -a "$OUT/summary.txt"
-    grep -E "passed|failed|^(FAILED|ERROR)" "$OUT/$log" | tail -6 | sed 's/^/    /'
-}
+. "$(dirname "$0")/lib/device_step.sh"      # step NAME BUDGET_S LOG CMD...
 : >"$OUT/summary.txt"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { tail -20 "$OUT/install.log"; exit 1; }
 if ls .whl/*.whl >/dev/null 2>&1; then

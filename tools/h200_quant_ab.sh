@@ -32,20 +32,11 @@ if ! python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/instal
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 : >"$OUT/summary.txt"
-step() {  # step NAME BUDGET_S LOG CMD...
-    local name=$1 budget=$2 log=$3; shift 3
-    local t0; t0=$(date +%s)
-    timeout -k 5 "$budget" "$@" >"$OUT/$log" 2>&1
-    local rc=$?
-    echo "$name: exit $rc in $(( $(date +%s) - t0 ))s -> $log" | tee -a "$OUT/summary.txt"
-}
+. "$(dirname "$0")/lib/device_step.sh"      # step NAME BUDGET_S LOG CMD...
 step sweep "${T_SWEEP:-200}" sweep.txt python3 tools/quant_sweep.py "$BASE" "$EXP" --m "${SWEEP_M:-4608,2048,9216}" \
     --k "${SWEEP_K:-3072,12288,15360}" --ksplit 1 --ctas "${SWEEP_CTAS:-fill,auto}" --smooth 1 \
     --ranks "${SWEEP_RANKS:-16,32,64}" --full-check
-grep -E "^\| dtype" "$OUT/sweep.txt" | awk -F'|' '{print $2,$3,$4,$5,$7,$8,$10,$12}'
 step tests "${T_TESTS:-250}" tests.txt env SVDQ_ARTIFACTS="$EXP" SVDQ_REQUIRE_GPU=1 python3 -m pytest -q \
     -p no:cacheprovider tests/test_gpu_quantize.py -k "${TEST_K:-not then_gemm}"
-tail -2 "$OUT/tests.txt"
 step selftest "${T_SELFTEST:-100}" selftest.txt python3 -m svdq_loader.testing.selftest "$EXP" --require-gpu \
     --op quantize_act
-tail -2 "$OUT/selftest.txt"
