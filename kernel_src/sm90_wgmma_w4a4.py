@@ -134,10 +134,17 @@ _FILL = {"fill": {"tile": ["tile_m", "tile_n", "tile_k"], "ctas_per_sm": 1,
 #: Above M = 256 the 128 x 192 images tile (three MMA warpgroups) costs 0.79 x what the table above gives a
 #: 128-row images tile per unit of area (session 29, H100: 33.9 against 34.6 µs for the 208-row tile at M = 1024,
 #: K = N = 3072, one wave each of 1.5 and 1.625 units; 2-4 % faster than the 208-row tile at M = 1024 and 2048 on
-#: three FLUX shapes).  At M <= 256 it was measured only beside the images forms (session 27), not beside the forms
-#: the selection takes there, so those buckets never prefer it.
+#: three FLUX shapes).
 _FILL_N192 = {"fill": dict(_FILL["fill"], factor=_FILL["fill"]["factor"] + [
     {"knob": ["tile_m", "tile_n"], "values": [[[128, 192], 0.79]]}])}
+#: From M = 17 to 256 it costs 0.71 x (session 48, H100, every form of the shipped build timed at M = 64, 128, 256
+#: and 512 on the six FLUX shapes: at M = 128, N = 9216 and 12288 its one wave of 48 / 64 tiles took 29.9 / 30.5 µs
+#: against 32.1 / 32.2 for the 128-row nvfp4 tile's 72 / 96, 0.62-0.63 x per unit of area; and where the other
+#: tiles need a second wave it is the fastest form by 17-49 %: M = 256, N >= 9216, 30.2-60.5 µs against the 256-row
+#: tile's 35.8-70.9; M = 64 and 128, N = 21504, 31.2 / 31.7 against 39.2 / 57.1 µs).  So that bucket prices it here
+#: and takes it at N >= 9216 from M = 65 to 256 and at N = 21504 from M = 17 (64-row tiles: 168, two waves).
+_FILL_N192_SMALL = {"fill": dict(_FILL["fill"], factor=_FILL["fill"]["factor"] + [
+    {"knob": ["tile_m", "tile_n"], "values": [[[128, 192], 0.71]]}])}
 _FILL_SMALL = {"fill": dict(_FILL["fill"], factor=_FILL["fill"]["factor"] + [
     {"knob": ["tile_m", "tile_n"], "values": [[[128, 192], 100.0]]}])}
 _FORMS = [{"knob": "act_decode", "values": ["prmt", "shift"]}, {"knob": "skip_pad", "values": [True, False]}]
@@ -162,7 +169,7 @@ SELECTION = [
                                                                                       "ws_splitk4"]},
                                                       {"knob": "stages", "order": "desc"},
                                                       {"knob": "prefetch", "order": "desc"}] + _FORMS},
-    {"m_max": 256, "priority": 0, "prefer": [_FILL_SMALL, {"knob": "tile_m", "order": "asc"},
+    {"m_max": 256, "priority": 0, "prefer": [_FILL_N192_SMALL, {"knob": "tile_m", "order": "asc"},
                                               {"knob": "act_source", "values": ["nvfp4", "images"]},
                                               {"knob": "schedule", "values": ["ws", "coop", "ws_splitk2", "ws_splitk4"]},
                                               {"knob": "stages", "order": "desc"},
