@@ -151,13 +151,13 @@ if LORA_SPARE not in ("duplicate", "skip"):
     raise ValueError(f"SVDQ_KERNEL_SM90_LORA_SPARE={LORA_SPARE!r}: the spare LoRA copies must be one of "
                      "duplicate, skip")
 
-#: How a stream-K tile's parts meet (an experiment, not yet timed; ``SVDQ_KERNEL_SM90_STREAMK_MEET``): ``last``, the
-#: default, has every part write its slot and arrive, and the last arrival add all slots (no CTA ever waits);
-#: ``owner`` has the tile's first CTA, whose part comes last in its range, wait for the others' arrivals and add
-#: their slots to its own registers: it never writes or reads back a slot of its own (half the slot traffic of a
-#: two-part tile), at the price of a wait (bounded: a trap after 2 s, `quantize_ptx._wait_arrivals`).  Not applied
-#: where the registers do not allow it (``owner_meets``).
-STREAMK_MEET = os.environ.get("SVDQ_KERNEL_SM90_STREAMK_MEET", "last")
+#: How a stream-K tile's parts meet (``SVDQ_KERNEL_SM90_STREAMK_MEET``): ``owner``, the default since session 48, has
+#: the tile's first CTA, whose part comes last in its range, wait for the others' arrivals and add their slots to
+#: its own registers: it never writes or reads back a slot of its own (half the slot traffic of a two-part tile), at
+#: the price of a wait (bounded: a trap after 2 s, `quantize_ptx._wait_arrivals`); not applied where the registers
+#: do not allow it (``owner_meets``).  ``last`` has every part write its slot and arrive, and the last arrival add
+#: all slots (no CTA ever waits).  On an H100 (session 48) ``owner`` took 0.75-1.00x ``last``'s time at 30 points.
+STREAMK_MEET = os.environ.get("SVDQ_KERNEL_SM90_STREAMK_MEET", "owner")
 if STREAMK_MEET not in ("last", "owner"):
     raise ValueError(f"SVDQ_KERNEL_SM90_STREAMK_MEET={STREAMK_MEET!r}: the stream-K meeting must be one of last, "
                      f"owner")
@@ -237,9 +237,11 @@ class _Sm90Wgmma:
         # (ptxas keeps the later chunks' addresses live through the main loop, or the split's reduction needs them)
         self.early = EPILOGUE == "early"
         self.sk = is_streamk(cfg)                # ws_streamk: equal unit ranges, split tiles meet in the workspace
-        # (not where it spilled: the 208-row tile with four weight sets kept 8-24 byte stack frames, session 24; it
-        # meets as ``last`` in an ``owner`` build)
-        self.owner_meets = self.sk and STREAMK_MEET == "owner" and not (self.tm * self.atoms > 128 and self.wsets > 2)
+        # (not where it spilled: the 208-row tile with four weight sets kept 8-24 byte stack frames, session 24, and the
+        # FP8-compute mode's 256-row staged tile a 16-byte one, session 48; those meet as ``last`` in an ``owner``
+        # build)
+        self.owner_meets = (self.sk and STREAMK_MEET == "owner" and not (self.tm * self.atoms > 128 and self.wsets > 2)
+                            and cfg.compute != "fp8")
         # (nor in a form that promotes its FP8 sums to fp32: beside the promotion's branch the early copy left the
         # 208-row tile a 16-byte stack frame at rank 16)
         self.lora_prefetch = (self.early and self.ws and self.ks == 1 and not self.sk and cfg.rank > 0

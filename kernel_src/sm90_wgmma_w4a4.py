@@ -145,6 +145,15 @@ _FILL_N192 = {"fill": dict(_FILL["fill"], factor=_FILL["fill"]["factor"] + [
 #: and takes it at N >= 9216 from M = 65 to 256 and at N = 21504 from M = 17 (64-row tiles: 168, two waves).
 _FILL_N192_SMALL = {"fill": dict(_FILL["fill"], factor=_FILL["fill"]["factor"] + [
     {"knob": ["tile_m", "tile_n"], "values": [[[128, 192], 0.71]]}])}
+#: From M = 129 to 256 the 128 x 192 tile's stream-K form (`ws_streamk`, the owner meeting) too: one wave of one CTA
+#: per SM over equal shares of the (tile, k-step) units, priced as that share plus 30 k-steps for the meetings
+#: (session 48, H100: at M = 256, N = 3072 and K = 12288 / 15360 it took 44.8 / 51.8 µs against the 4-way split
+#: 256-row tile's 50.4 / 58.2; where the whole 128 x 192 tiles make one wave it lost 10-25 % (N = 9216, 12288), and
+#: at K = N = 3072 it took 23.3 against the 64-row tile's 20.0 µs).  At M <= 128 it won 8-13 % at N = 9216 and
+#: 12288 but lost 3 % at N = 3072, K = 12288 and 59 % at K = N = 3072, where one overhead cannot price both, so that
+#: bucket leaves it out (without a split entry it ranks as its whole tile, and ties go to `ws`).
+_FILL_N192_STREAMK = {"fill": dict(_FILL_N192_SMALL["fill"], split={
+    "knob": "schedule", "values": _FILL["fill"]["split"]["values"] + [["ws_streamk", 0, 30]]})}
 _FILL_SMALL = {"fill": dict(_FILL["fill"], factor=_FILL["fill"]["factor"] + [
     {"knob": ["tile_m", "tile_n"], "values": [[[128, 192], 100.0]]}])}
 _FORMS = [{"knob": "act_decode", "values": ["prmt", "shift"]}, {"knob": "skip_pad", "values": [True, False]}]
@@ -162,21 +171,23 @@ _SMALL = [{"knob": "schedule", "values": ["gemv"]}, {"knob": "tile_m", "values":
           {"knob": "tile_n", "values": [64], "when": {"dim": "n", "min": 9216}},
           {"knob": "tile_n", "values": [64], "when": {"dim": "k", "max": 4095}},
           {"knob": "tile_n", "values": [128], "when": {"dim": "n", "max": 9215}}]
+#: After the grid fill, from M = 17 to 256: the lower tile, the one-launch form, then the schedules in this order
+_SMALL_M_ORDER = [{"knob": "tile_m", "order": "asc"}, {"knob": "act_source", "values": ["nvfp4", "images"]},
+                  {"knob": "schedule", "values": ["ws", "coop", "ws_splitk2", "ws_splitk4", "ws_streamk"]},
+                  {"knob": "stages", "order": "desc"}, {"knob": "prefetch", "order": "desc"}] + _FORMS
 SELECTION = [
     {"m_max": 16, "priority": 0, "prefer": _SMALL + [_FILL_SMALL, {"knob": "tile_m", "order": "asc"},
                                                       {"knob": "act_source", "values": ["nvfp4", "images"]},
                                                       {"knob": "schedule", "values": ["ws", "coop", "ws_splitk2",
-                                                                                      "ws_splitk4"]},
+                                                                                      "ws_splitk4", "ws_streamk"]},
                                                       {"knob": "stages", "order": "desc"},
                                                       {"knob": "prefetch", "order": "desc"}] + _FORMS},
-    {"m_max": 256, "priority": 0, "prefer": [_FILL_N192_SMALL, {"knob": "tile_m", "order": "asc"},
-                                              {"knob": "act_source", "values": ["nvfp4", "images"]},
-                                              {"knob": "schedule", "values": ["ws", "coop", "ws_splitk2", "ws_splitk4"]},
-                                              {"knob": "stages", "order": "desc"},
-                                              {"knob": "prefetch", "order": "desc"}] + _FORMS},
+    {"m_max": 128, "priority": 0, "prefer": [_FILL_N192_SMALL] + _SMALL_M_ORDER},
+    {"m_max": 256, "priority": 0, "prefer": [_FILL_N192_STREAMK] + _SMALL_M_ORDER},
     {"m_max": None, "priority": 0, "prefer": [_FILL_N192, {"knob": "tile_m", "order": "desc"},
                                                {"knob": "act_source", "values": ["images", "nvfp4"]},
-                                               {"knob": "schedule", "values": ["ws", "coop", "ws_splitk2", "ws_splitk4"]},
+                                               {"knob": "schedule", "values": ["ws", "coop", "ws_splitk2", "ws_splitk4",
+                                                                               "ws_streamk"]},
                                                {"knob": "stages", "order": "desc"},
                                                {"knob": "prefetch", "order": "desc"}] + _FORMS},
 ]

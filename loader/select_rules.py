@@ -27,7 +27,9 @@ over knobs: per M bucket an ordered list of preferences, each over one knob::
   states), a variant
   whose split knob has value v splits K over S CTAs (S = 1 when v is not listed) at an extra ``overhead``
   (in 128 x 128 k-steps), CTAs = ceil(M / tile_m) x ceil(N / tile_n) x S and waves = ceil(CTAs / (SMs x
-  ctas_per_sm)).  Smaller is preferred; the family documents the measurements behind its constants.
+  ctas_per_sm)).  S = 0 means stream-K: one wave of min(units, SMs x ctas_per_sm) CTAs, each with an equal share
+  of the units = tiles x k-steps, so the cost is ceil(units / CTAs) k-steps x area x factor + overhead.  Smaller
+  is preferred; the family documents the measurements behind its constants.
 * a knob preference may carry ``"when": {"dim": "n", "min": 9216}`` (``min``
   and/or ``max``, over ``m``, ``n`` or ``k``, or ``rank``: the variant's LoRA
   rank, which every candidate of a call shares with the call): it then ranks
@@ -124,6 +126,8 @@ class Preference:
 
 #: Work of one CTA is counted in k-steps of a tile of this area (rows x columns).
 _UNIT_AREA = 128 * 128
+#: A split table's CTA count that means stream-K: one wave of CTAs over an equal share of every (tile, k-step) unit.
+STREAM_K = 0
 
 
 @dataclass(frozen=True)
@@ -158,7 +162,14 @@ class Fill:
         f = 1.0
         for knob, rows in self.factor_tables:
             f *= next((w for value, w in rows if _matches(knobs, knob, value)), 1.0)
-        ctas = -(-m // tm) * -(-n // tn) * s
+        tiles = -(-m // tm) * -(-n // tn)
+        if s == STREAM_K:
+            # one wave of CTAs, each an equal share of every (tile, k-step) unit
+            units = tiles * -(-k // tk)
+            ctas = min(units, max(1, sm_count) * self.ctas_per_sm)
+            per_cta = -(-units // ctas) * tm * tn / _UNIT_AREA * f + over
+            return {"ctas": ctas, "waves": 1, "split": "stream-K", "cost": round(per_cta, 6)}
+        ctas = tiles * s
         waves = -(-ctas // (max(1, sm_count) * self.ctas_per_sm))
         per_cta = -(-k // (s * tk)) * tm * tn / _UNIT_AREA * f + over
         return {"ctas": ctas, "waves": waves, "split": s, "cost": round(waves * per_cta, 6)}
@@ -207,7 +218,7 @@ def _matches(knobs: Mapping[str, Any], knob, value) -> bool:
 def _parse_fill(raw: Any, path: str, knobs: Sequence[str] | None, fail) -> Fill:
     want = "expected {tile: [m knob, n knob, k knob], ctas_per_sm: int >= 1, factor?: {knob, values: " \
            "[[value, number > 0], ...]} (or knob: [names], values: [[[one value per name], number > 0], ...]) or a " \
-           "list of them, split?: {knob, values: [[value, int >= 2, number >= 0], ...]}}"
+           "list of them, split?: {knob, values: [[value, int >= 2 or 0 (stream-K), number >= 0], ...]}}"
     if not isinstance(raw, Mapping) or "tile" not in raw or set(raw) - {"tile", "ctas_per_sm", "factor", "split"}:
         fail(path, raw, want)
     tile, cps = raw["tile"], raw.get("ctas_per_sm", 1)
@@ -255,8 +266,8 @@ def _parse_fill(raw: Any, path: str, knobs: Sequence[str] | None, fail) -> Fill:
                        spec, "factor" if len(ftabs) == 1 and isinstance(raw["factor"], Mapping) else f"factor[{i}]",
                        multi=True)
         factor_tables.append((fk, tuple((v, float(w)) for v, w in fv)))
-    sk, sv = table("split", 3, lambda r: isinstance(r[0], int) and not isinstance(r[0], bool) and r[0] >= 2
-                   and isinstance(r[1], num) and not isinstance(r[1], bool) and r[1] >= 0)
+    sk, sv = table("split", 3, lambda r: isinstance(r[0], int) and not isinstance(r[0], bool)
+                   and (r[0] >= 2 or r[0] == STREAM_K) and isinstance(r[1], num) and not isinstance(r[1], bool) and r[1] >= 0)
     f = Fill(tuple(tile), cps, tuple(factor_tables), sk,
              tuple((v, int(s), float(o)) for v, s, o in sv))
     if knobs is not None:

@@ -379,15 +379,17 @@ COMPILE_CASES = [
          act_decode="prmt", schedule="ws", wsets=4, act_source="nvfp4"),
     dict(out_dtype="fp16", rank=96, wcscale=True, bias=False, tile_m=64, prefetch=2, skip_pad=True,
          act_decode="prmt", schedule="ws_splitk4", wsets=4, act_source="nvfp4"),
-    # the 128 x 192 images tile: three MMA warpgroups, 512 threads, 24 / 160 registers (an experiment form)
+    # the 128 x 192 images tile: three MMA warpgroups, 512 threads, 24 / 160 registers
     dict(_IMAGES, out_dtype="bf16", rank=32, tile_n=192, schedule="ws", wsets=4),
     dict(_IMAGES, out_dtype="fp16", rank=128, tile_n=192, schedule="ws", wsets=2),
     # stream-K (an experiment form, configs/sm90_streamk.yaml): the 64-row tile in units of four k-tiles, and the
     # 256-row tile (128 accumulator registers besides the meeting) in units of two
     dict(_IMAGES, out_dtype="bf16", rank=32, tile_m=64, schedule="ws_streamk", wsets=4),
     dict(_IMAGES, out_dtype="fp16", rank=64, tile_m=256, schedule="ws_streamk", wsets=2),
-    # and the 64 x 192 tile's three MMA warpgroups under stream-K (session 25)
+    # and the 64 x 192 tile's three MMA warpgroups under stream-K (session 25); the 128 x 192 one, which
+    # configs/flux.yaml builds since session 48 (the owner meeting), at the largest rank
     dict(_IMAGES, out_dtype="bf16", rank=32, tile_m=64, tile_n=192, schedule="ws_streamk", wsets=4),
+    dict(_IMAGES, out_dtype="fp16", rank=128, tile_m=128, tile_n=192, schedule="ws_streamk", wsets=4),
 ]
 
 
@@ -596,7 +598,7 @@ def test_the_epilogue_switch_names_its_values():
 
 @pytest.mark.parametrize("tile_m, wsets, rank", [(64, 4, 32), (256, 2, 64)])
 def test_the_owner_meeting_waits_instead_of_writing_its_own_slot(tile_m, wsets, rank, tmp_path, monkeypatch):
-    """SVDQ_KERNEL_SM90_STREAMK_MEET=owner (an experiment build): the stream-K kernel still compiles without a stack
+    """SVDQ_KERNEL_SM90_STREAMK_MEET=owner (the default since session 48): the stream-K kernel compiles without a stack
     frame; its meeting has the other parts' slot stores and arrival (one fence, one compare-and-swap), and the first
     CTA's bounded wait (an acquire-load loop with nanosleep that traps on timeout) before it reads their slots and
     resets the counter."""
@@ -613,6 +615,20 @@ def test_the_owner_meeting_waits_instead_of_writing_its_own_slot(tile_m, wsets, 
     assert sass.count("ATOMG.E.CAS.64.STRONG.GPU") == 1 and "MEMBAR.ALL.GPU" in sass
     assert "ld.acquire.gpu.global.b64" in ptx and "nanosleep.u32" in ptx and "%globaltimer" in ptx
     assert "BPT.TRAP" in sass and not re.search(r"\b(STL|LDL)\b", sass)
+
+
+def test_the_last_arrival_meeting_stays_buildable(tmp_path, monkeypatch):
+    """SVDQ_KERNEL_SM90_STREAMK_MEET=last (the default until session 48, kept for comparison): every part stores its
+    slot and arrives, the last arrival reads them all back; no CTA waits, so there is no bounded wait and no trap."""
+    from svdq_kernels import sm90_wgmma_kernel as kern
+    monkeypatch.setattr(kern, "STREAMK_MEET", "last")
+    k = make_knobs(**dict(_IMAGES, out_dtype="bf16", rank=32, tile_m=128, tile_n=192, schedule="ws_streamk", wsets=4))
+    name, ck = compile_knobs(k, tmp_path, keep_ptx=True)
+    assert ck.resource_usage[ck.kernel_symbols[0]]["stack_frame_bytes"] == 0
+    sass = sass_of_cubin(ck.cubin, tmp_path)
+    ptx = (tmp_path / f"{ck.entry}.{ARCH}.ptx").read_text()
+    assert sass.count("ATOMG.E.CAS.64.STRONG.GPU") == 1 and "MEMBAR.ALL.GPU" in sass
+    assert "nanosleep.u32" not in ptx and "BPT.TRAP" not in sass and not re.search(r"\b(STL|LDL)\b", sass)
 
 
 def test_the_streamk_meeting_switch_names_its_values():

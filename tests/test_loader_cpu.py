@@ -582,7 +582,7 @@ def test_select_on_the_built_artifacts(gemm_artifacts):
     ex = lib.explain("gemm_w4a4", m=1, n=512, k=128, rank=32)
     assert ex.chosen == e and [r for _, r in ex.rejected] == ["built for rank=0 (the call needs 32)"]
     rule = lib.rules[("gemm_w4a4", ARCH, "sm90_wgmma_w4a4")]            # the family's rule, from the manifest
-    assert [b.m_max for b in rule.buckets] == [16, 256, None]
+    assert [b.m_max for b in rule.buckets] == [16, 128, 256, None]
     with pytest.raises(UnsupportedProblem, match=r"N=200 is not a multiple of 128"):
         lib.choose("gemm_w4a4", ARCH, feats, m=77, n=200, k=256)
     with pytest.raises(UnsupportedProblem, match=r"rank=16"):

@@ -28,7 +28,8 @@ def test_flux_builds_the_measured_sm90_forms():
     decoding with four raw activation sets and four weight sets, ws reading decode_act's images at the 256-row one,
     unsplit and split over 4 CTAs, and unsplit at 224-, 216- and 208-row ones (fuller waves at N = 3072 and M = 1024
     or 4608; less padding at M = 1024 and 2048), the 128 x 192 images tile (three MMA warpgroups, four weight sets,
-    every rank: M = 1024 and 2048, and rank 128 above M = 256), and coop at 256 rows for rank 128, which the images
+    every rank: M = 1024 and 2048, rank 128 above M = 256, and at M <= 256 where it fills one wave) and its stream-K
+    form (M = 129-256, N = 3072, K >= 12288), and coop at 256 rows for rank 128, which the images
     forms do not fit, built for rank 128 only, and the gemv form's 16 x 128 and 16 x 64 tiles for M <= 16), for every
     feature combination; the images forms' pre-pass is built too."""
     cfg = load_config(ROOT / "configs" / "flux.yaml")
@@ -36,7 +37,7 @@ def test_flux_builds_the_measured_sm90_forms():
     gemm = [v for v in valid if v.op == "gemm_w4a4" and v.arch == "sm_90a"]
     forms = {(v.knob_dict["tile_m"], v.knob_dict["schedule"], v.knob_dict["prefetch"]) for v in gemm}
     assert forms == {(128, "ws", 2), (128, "ws", 1), (256, "ws", 1), (224, "ws", 1), (216, "ws", 1), (208, "ws", 1),
-                     (128, "ws_splitk2", 2), (128, "ws_splitk4", 2),
+                     (128, "ws_splitk2", 2), (128, "ws_splitk4", 2), (128, "ws_streamk", 1),
                      (64, "ws", 1), (64, "ws_splitk4", 4), (256, "coop", 1), (256, "ws_splitk2", 1), (256, "ws_splitk4", 1),
                      (16, "gemv", 1)}
     assert {v.knob_dict["tile_n"] for v in gemm if v.knob_dict["schedule"] == "gemv"} == {64, 128}
@@ -44,8 +45,8 @@ def test_flux_builds_the_measured_sm90_forms():
                                                                                               256}
     wide = [v for v in gemm if v.knob_dict["tile_n"] == 192]
     assert {(v.knob_dict["tile_m"], v.knob_dict["schedule"], v.knob_dict["wsets"], v.knob_dict["act_source"])
-            for v in wide} == {(128, "ws", 4, "images")}
-    assert len(wide) == 2 * 7                 # both dtypes, every rank (rank 128 included)
+            for v in wide} == {(128, "ws", 4, "images"), (128, "ws_streamk", 4, "images")}
+    assert len(wide) == 2 * 2 * 7             # two schedules, both dtypes, every rank (rank 128 included)
     assert {(v.knob_dict["schedule"], v.knob_dict["act_source"]) for v in gemm if v.knob_dict["tile_m"] == 64} == {
         ("ws", "images"), ("ws_splitk4", "nvfp4")}
     assert {v.knob_dict["schedule"] for v in gemm if v.knob_dict["tile_m"] in (208, 216, 224)} == {"ws"}
@@ -57,7 +58,7 @@ def test_flux_builds_the_measured_sm90_forms():
             if v.knob_dict["tile_m"] not in (64, 208, 216, 224) and v.knob_dict["tile_n"] != 192} == {2}
     assert {v.knob_dict["rank"] for v in gemm if v.knob_dict["schedule"] == "coop"} == {128}
     assert {(v.knob_dict["wcscale"], v.knob_dict["bias"]) for v in gemm} == {(True, True)}   # run-time inputs
-    assert len(gemm) == 14 * 2 * 7 + 2 - 16     # forms x dtypes x ranks, the rank-128 coop form, less ...
+    assert len(gemm) == 15 * 2 * 7 + 2 - 16     # forms x dtypes x ranks, the rank-128 coop form, less ...
     gone = [(v.knob_dict["rank"], v.knob_dict["act_source"], r) for v, r in rejected
             if v.arch == "sm_90a" and v.op == "gemm_w4a4"]
     assert len(gone) == 16     # ... these: rank 128 on the six images forms, and the two-way split 256-row

@@ -218,11 +218,11 @@ def test_real_registry_flux_enumerates():
             ("quantize_act", "sm_103a"), ("gemm_w4a4", "sm_100a"), ("gemm_w4a4", "sm_103a"),
             ("gemm_w4a4", "sm_120a"), ("gemm_w4a4", "sm_121a"), ("quantize_act", "sm_120a"),
             ("quantize_act", "sm_121a")} <= ops
-    # out_dtypes x ranks (0, 16, 32, 48, 64, 96, 128), wcscale and bias on (run-time inputs): fourteen forms on
+    # out_dtypes x ranks (0, 16, 32, 48, 64, 96, 128), wcscale and bias on (run-time inputs): fifteen forms on
     # sm_90a (the six 128-wide images forms have no rank 128, the two-way split 256-row tile no rank 48 or 96: 16
-    # fewer; the 128 x 192 images tile has every rank) and the rank-128-only coop form, then one form on
-    # each Blackwell arch (sm_100a, sm_103a, sm_120a, sm_121a)
-    assert sum(x.op == "gemm_w4a4" for x in valid) == 2 * 7 * (14 + 1 + 1 + 1 + 1) + 2 - 16
+    # fewer; the 128 x 192 images tile, whole and stream-K, has every rank) and the rank-128-only coop form, then one
+    # form on each Blackwell arch (sm_100a, sm_103a, sm_120a, sm_121a)
+    assert sum(x.op == "gemm_w4a4" for x in valid) == 2 * 7 * (15 + 1 + 1 + 1 + 1) + 2 - 16
     # compute: [exact, fp8]: the FP8-compute GEMM's default forms on sm_90a (tests/test_shipped_configs.py)
     assert {x.arch for x in valid if x.op in ("gemm_w4a4_fp8", "act_fp8")} == {"sm_90a"}
     assert {(dict(x.knobs)["wcscale"], dict(x.knobs)["bias"]) for x in valid if x.op == "gemm_w4a4"} == {(True, True)}
