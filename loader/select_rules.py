@@ -186,7 +186,8 @@ class Fill:
 
     def chosen_text(self, knobs, dims, sm_count) -> str:
         e = self.estimate(knobs, dims, sm_count)
-        return f"grid fill cost {e['cost']:g} ({e['ctas']} CTAs, K split {e['split']}, {e['waves']} wave(s))"
+        split = "stream-K" if e["split"] == "stream-K" else f"K split {e['split']}"
+        return f"grid fill cost {e['cost']:g} ({e['ctas']} CTAs, {split}, {e['waves']} wave(s))"
 
     def text(self) -> str:
         return "the smallest estimated waves x per-CTA k-steps first"
@@ -267,7 +268,8 @@ def _parse_fill(raw: Any, path: str, knobs: Sequence[str] | None, fail) -> Fill:
                        multi=True)
         factor_tables.append((fk, tuple((v, float(w)) for v, w in fv)))
     sk, sv = table("split", 3, lambda r: isinstance(r[0], int) and not isinstance(r[0], bool)
-                   and (r[0] >= 2 or r[0] == STREAM_K) and isinstance(r[1], num) and not isinstance(r[1], bool) and r[1] >= 0)
+                   and (r[0] >= 2 or r[0] == STREAM_K) and isinstance(r[1], num) and not isinstance(r[1], bool)
+                   and r[1] >= 0)
     f = Fill(tuple(tile), cps, tuple(factor_tables), sk,
              tuple((v, int(s), float(o)) for v, s, o in sv))
     if knobs is not None:

@@ -292,6 +292,7 @@ def test_fill_stream_k_estimate_is_one_wave_of_equal_shares_and_round_trips():
     # k-steps of a 256 x 128 tile (2 units each) + 3
     assert f.estimate(knobs, dict(m=256, n=21504, k=3072), 132) == {"ctas": 132, "waves": 1, "split": "stream-K",
                                                                      "cost": 62 * 2 + 3.0}
+    assert f.chosen_text(knobs, dict(m=256, n=21504, k=3072), 132) == "grid fill cost 127 (132 CTAs, stream-K, 1 wave(s))"
     # the whole tiles: 168 CTAs, two waves of 48 k-steps
     assert f.estimate(dict(knobs, schedule="ws"), dict(m=256, n=21504, k=3072), 132)["cost"] == 2 * 48 * 2
     # fewer units than SMs: one unit (one k-step of the 256 x 128 tile) per CTA
