@@ -135,16 +135,20 @@ _FILL = {"fill": {"tile": ["tile_m", "tile_n", "tile_k"], "ctas_per_sm": 1,
 #: 128-row images tile per unit of area (session 29, H100: 33.9 against 34.6 µs for the 208-row tile at M = 1024,
 #: K = N = 3072, one wave each of 1.5 and 1.625 units; 2-4 % faster than the 208-row tile at M = 1024 and 2048 on
 #: three FLUX shapes).
-_FILL_N192 = {"fill": dict(_FILL["fill"], factor=_FILL["fill"]["factor"] + [
-    {"knob": ["tile_m", "tile_n"], "values": [[[128, 192], 0.79]]}])}
+def _fill_n192(factor: float) -> dict:
+    """`_FILL` with the 128 x 192 tile costing `factor` x a 128-row images tile per unit of area."""
+    return {"fill": dict(_FILL["fill"], factor=_FILL["fill"]["factor"] + [
+        {"knob": ["tile_m", "tile_n"], "values": [[[128, 192], factor]]}])}
+
+
+_FILL_N192 = _fill_n192(0.79)
 #: From M = 17 to 256 it costs 0.71 x (session 48, H100, every form of the shipped build timed at M = 64, 128, 256
 #: and 512 on the six FLUX shapes: at M = 128, N = 9216 and 12288 its one wave of 48 / 64 tiles took 29.9 / 30.5 µs
 #: against 32.1 / 32.2 for the 128-row nvfp4 tile's 72 / 96, 0.62-0.63 x per unit of area; and where the other
 #: tiles need a second wave it is the fastest form by 17-49 %: M = 256, N >= 9216, 30.2-60.5 µs against the 256-row
 #: tile's 35.8-70.9; M = 64 and 128, N = 21504, 31.2 / 31.7 against 39.2 / 57.1 µs).  So that bucket prices it here
 #: and takes it at N >= 9216 from M = 65 to 256 and at N = 21504 from M = 17 (64-row tiles: 168, two waves).
-_FILL_N192_SMALL = {"fill": dict(_FILL["fill"], factor=_FILL["fill"]["factor"] + [
-    {"knob": ["tile_m", "tile_n"], "values": [[[128, 192], 0.71]]}])}
+_FILL_N192_SMALL = _fill_n192(0.71)
 #: From M = 129 to 256 the 128 x 192 tile's stream-K form (`ws_streamk`, the owner meeting) too: one wave of one CTA
 #: per SM over equal shares of the (tile, k-step) units, priced as that share plus 30 k-steps for the meetings
 #: (session 48, H100: at M = 256, N = 3072 and K = 12288 / 15360 it took 44.8 / 51.8 µs against the 4-way split
@@ -154,8 +158,8 @@ _FILL_N192_SMALL = {"fill": dict(_FILL["fill"], factor=_FILL["fill"]["factor"] +
 #: bucket leaves it out (without a split entry it ranks as its whole tile, and ties go to `ws`).
 _FILL_N192_STREAMK = {"fill": dict(_FILL_N192_SMALL["fill"], split={
     "knob": "schedule", "values": _FILL["fill"]["split"]["values"] + [["ws_streamk", 0, 30]]})}
-_FILL_SMALL = {"fill": dict(_FILL["fill"], factor=_FILL["fill"]["factor"] + [
-    {"knob": ["tile_m", "tile_n"], "values": [[[128, 192], 100.0]]}])}
+#: M <= 16 (after the gemv form): the 128 x 192 tile priced out (not timed there)
+_FILL_SMALL = _fill_n192(100.0)
 _FORMS = [{"knob": "act_decode", "values": ["prmt", "shift"]}, {"knob": "skip_pad", "values": [True, False]}]
 #: M <= 16: the gemv form first, where it is built, and of its tiles the 16-row one (session 9, docs/PERF.md: the
 #: 16 x 128 gemv tile is 1.30-1.55x faster than the best wgmma form at all four (K, N) measured at M = 1 and 16,
@@ -171,17 +175,12 @@ _SMALL = [{"knob": "schedule", "values": ["gemv"]}, {"knob": "tile_m", "values":
           {"knob": "tile_n", "values": [64], "when": {"dim": "n", "min": 9216}},
           {"knob": "tile_n", "values": [64], "when": {"dim": "k", "max": 4095}},
           {"knob": "tile_n", "values": [128], "when": {"dim": "n", "max": 9215}}]
-#: After the grid fill, from M = 17 to 256: the lower tile, the one-launch form, then the schedules in this order
+#: After the grid fill, up to M = 256: the lower tile, the one-launch form, then the schedules in this order
 _SMALL_M_ORDER = [{"knob": "tile_m", "order": "asc"}, {"knob": "act_source", "values": ["nvfp4", "images"]},
                   {"knob": "schedule", "values": ["ws", "coop", "ws_splitk2", "ws_splitk4", "ws_streamk"]},
                   {"knob": "stages", "order": "desc"}, {"knob": "prefetch", "order": "desc"}] + _FORMS
 SELECTION = [
-    {"m_max": 16, "priority": 0, "prefer": _SMALL + [_FILL_SMALL, {"knob": "tile_m", "order": "asc"},
-                                                      {"knob": "act_source", "values": ["nvfp4", "images"]},
-                                                      {"knob": "schedule", "values": ["ws", "coop", "ws_splitk2",
-                                                                                      "ws_splitk4", "ws_streamk"]},
-                                                      {"knob": "stages", "order": "desc"},
-                                                      {"knob": "prefetch", "order": "desc"}] + _FORMS},
+    {"m_max": 16, "priority": 0, "prefer": _SMALL + [_FILL_SMALL] + _SMALL_M_ORDER},
     {"m_max": 128, "priority": 0, "prefer": [_FILL_N192_SMALL] + _SMALL_M_ORDER},
     {"m_max": 256, "priority": 0, "prefer": [_FILL_N192_STREAMK] + _SMALL_M_ORDER},
     {"m_max": None, "priority": 0, "prefer": [_FILL_N192, {"knob": "tile_m", "order": "desc"},
