@@ -55,7 +55,7 @@ def _q_base():
     return dict(arch="sm_90a", x=torch.randn(M, K, generator=g).to(BF16),
                 smooth=(torch.rand(K, generator=g) + 0.5).to(BF16),
                 lora_down=torch.randn(K, R, generator=g).to(BF16),
-                out_act=None, out_scales=None, out_lora=None)
+                out_act=None, out_scales=None, out_lora=None, smooth_rcp=None)
 
 
 Q_BREAKS = {
@@ -75,6 +75,12 @@ Q_BREAKS = {
     "smooth 2-D": dict(smooth=torch.ones(1, K, dtype=BF16)),
     "smooth non-contiguous": dict(smooth=_noncontig((K,), BF16)),
     "smooth misaligned": dict(smooth=_misaligned((K,), BF16)),
+    "smooth_rcp instead": dict(smooth=None, smooth_rcp=(torch.rand(K) + 0.5).to(BF16)),
+    "smooth_rcp and smooth": dict(smooth_rcp=(torch.rand(K) + 0.5).to(BF16)),
+    "smooth_rcp fp16": dict(smooth=None, smooth_rcp=torch.ones(K, dtype=FP16)),
+    "smooth_rcp short": dict(smooth=None, smooth_rcp=torch.ones(K // 2, dtype=BF16)),
+    "smooth_rcp non-contiguous": dict(smooth=None, smooth_rcp=_noncontig((K,), BF16)),
+    "smooth_rcp misaligned": dict(smooth=None, smooth_rcp=_misaligned((K,), BF16)),
     "lora absent": dict(lora_down=None),
     "lora rank 24": dict(lora_down=torch.zeros(K, 24, dtype=BF16)),
     "lora rank 64": dict(lora_down=torch.zeros(K, 64, dtype=BF16)),
@@ -107,7 +113,7 @@ def _q_agree(case: dict) -> str:
     a = dict(case)
     arch = a.pop("arch")
     fast = quant_op.fast_args(arch, a["x"], a["smooth"], a["lora_down"], a["out_act"], a["out_scales"],
-                              a["out_lora"])
+                              a["out_lora"], a["smooth_rcp"])
     try:
         call = quant_op.plan_call(arch, a.pop("x"), **a)
     except InvalidArgument:
@@ -123,6 +129,7 @@ def _q_agree(case: dict) -> str:
     assert (got["m"], got["k"], got["use_smooth"]) == (call.m, call.k, call.use_smooth)
     for name in ("x", "smooth", "lora_down"):
         assert got[name] == call.pointers[name], name
+    assert call.use_smooth == (2 if case["smooth_rcp"] is not None else int(case["smooth"] is not None))
     for name, given, out in zip(("act", "ascales", "lora_act_in"), (case["out_act"], case["out_scales"],
                                                                     case["out_lora"]), outs):
         if given is not None:
@@ -138,7 +145,7 @@ def _q_agree(case: dict) -> str:
 
 def test_quantize_fast_path_takes_the_common_calls():
     assert _q_agree(_q_base()) == "fast"
-    for name in ("smooth absent", "lora absent", "out_act given", "out_scales given", "out_lora given",
+    for name in ("smooth absent", "smooth_rcp instead", "lora absent", "out_act given", "out_scales given", "out_lora given",
                  "lora rank 64", "arch sm_100a (blocked scales)", "arch sm_100a, blocked out_scales"):
         assert _q_agree({**_q_base(), **Q_BREAKS[name]}) == "fast", name
 

@@ -42,11 +42,11 @@ def _case(lib, m, k, dt, use_smooth, r, seed, special=False):
     return act, asc, lai, refs, inputs
 
 
-# 1. many shapes, both dtypes, with / without smooth, R in {0, 32}
+# 1. many shapes, both dtypes, without smoothing, with smooth and with smooth_rcp (use_smooth 0 / 1 / 2), R in {0, 32}
 @pytest.mark.parametrize("m", [1, 77, 1000])
 @pytest.mark.parametrize("k", [64, 3072, 12288, 15360])
 @pytest.mark.parametrize("dt", ["bf16", "fp16"])
-@pytest.mark.parametrize("use_smooth", [False, True])
+@pytest.mark.parametrize("use_smooth", [0, 1, 2])
 @pytest.mark.parametrize("r", [0, 32])
 def test_bit_exact(lib, m, k, dt, use_smooth, r):
     _case(lib, m, k, dt, use_smooth, r, seed=m * 31 + k + 7 * use_smooth + r + (dt == "fp16"))
@@ -62,7 +62,7 @@ def test_flux_m(lib, k, dt):
 # 3. constructed ties, zero groups, subnormal-scale groups, scales rounding to 0, subnormal inputs
 @pytest.mark.parametrize("m", [5, 130, 4608])
 @pytest.mark.parametrize("dt", ["bf16", "fp16"])
-@pytest.mark.parametrize("use_smooth", [False, True])
+@pytest.mark.parametrize("use_smooth", [0, 1, 2])
 def test_constructed_cases(lib, m, dt, use_smooth):
     _case(lib, m, 3072 if m < 4608 else 192, dt, use_smooth, 32, seed=m + 3 * use_smooth, special=True)
 
@@ -73,6 +73,7 @@ def test_other_ranks(lib):
         if avail and r not in avail:
             continue
         _case(lib, 300, 3072, "bf16", True, r, seed=r)
+        _case(lib, 300, 3072, "fp16", 2, r, seed=r + 1)
 
 
 def _tiles(m, rows=16):
@@ -118,6 +119,7 @@ def test_ksplit_ranks(lib, monkeypatch, ksplit):
             continue
         _case(lib, 300, 3072, "bf16", True, r, seed=r + ksplit)
         _case(lib, 40, 128, "fp16", False, r, seed=r + ksplit + 1)
+        _case(lib, 77, 192, "bf16", 2, r, seed=r + ksplit + 2)
 
 
 # 6. the range form (ksplit 1): CTA b takes units [b U / G, (b + 1) U / G) of the U (row tile, 64-k step) units,
@@ -147,6 +149,7 @@ def test_range_ranks(lib, monkeypatch, grid):
             continue
         _case(lib, 300, 3072, "bf16", True, r, seed=r + 3 * len(grid))
         _case(lib, 40, 256, "fp16", False, r, seed=r + 3 * len(grid) + 1)
+        _case(lib, 300, 3072, "fp16", 2, r, seed=r + 3 * len(grid) + 2)
 
 
 @pytest.mark.parametrize("fill", ["zeros", "ones", "random"])
@@ -180,7 +183,7 @@ def test_non_finite_policy(lib):
 
 
 # 4. x -> quantize_act -> gemm_w4a4 against the float64 reference of the whole linear
-@pytest.mark.parametrize("use_smooth", [False, True])
+@pytest.mark.parametrize("use_smooth", [0, 1, 2])
 @pytest.mark.parametrize("r", [0, 32])
 def test_quantize_then_gemm(lib, use_smooth, r):
     from svdq_loader import driver
@@ -249,3 +252,18 @@ def test_two_m_tiles_forced_forms(lib, monkeypatch, rank, form):
         _force_range(monkeypatch, RANGE_GRIDS[form])
     _case(lib, 2100, 3072, "bf16", True, rank, seed=7 + len(form) + rank)
     _case(lib, 2063, 256, "bf16", False, rank, seed=8 + len(form) + rank)
+
+
+# 9. smooth_rcp's reciprocals made on the device: every 16-bit value, bit for bit the reference's rule
+@pytest.mark.parametrize("dt", ["bf16", "fp16"])
+def test_smooth_reciprocals_on_the_device(lib, dt):
+    import numpy as np
+    from svdq_loader.testing.quantize_ref import smooth_reciprocals_ref
+    s = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(DT[dt])
+    got = lib.smooth_reciprocals(s.cuda()).cpu()
+    assert got.dtype == DT[dt]
+    want = smooth_reciprocals_ref(s.float().numpy(), dt)
+    g = got.float().numpy()
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(g), nan)
+    assert np.array_equal(g[~nan].view(np.uint32), want[~nan].view(np.uint32))

@@ -163,6 +163,56 @@ def test_smooth_rule_bf16_and_fp16():
         assert np.array_equal(a1, a2) and np.array_equal(s1, s2)
 
 
+def _every_16bit(dt):
+    """Every 16-bit pattern of dt as a torch tensor (CPU)."""
+    import torch
+    bits = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
+    return bits.view(torch.bfloat16 if dt == "bf16" else torch.float16)
+
+
+@pytest.mark.parametrize("dt", ["bf16", "fp16"])
+def test_smooth_reciprocals_are_the_rule_for_every_16bit_value(dt):
+    """The loader's smooth_reciprocals (torch) gives rule 1's rs = RN_D(RN32(1 / smooth)) for all 65,536 values
+    (NaN for NaN), so quantize_act(smooth_rcp=smooth_reciprocals(s)) is quantize_act(smooth=s)."""
+    import torch
+    from svdq_loader.ops.quantize_act import smooth_reciprocals
+    s = _every_16bit(dt)
+    got = smooth_reciprocals(s)
+    assert got.dtype == s.dtype and got.shape == s.shape
+    sn = s.float().numpy() if dt == "bf16" else s.numpy()
+    want = qr.smooth_reciprocals_ref(sn, dt)
+    g32 = got.float().numpy()
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(g32), nan)
+    assert np.array_equal(g32[~nan].view(np.uint32), want[~nan].view(np.uint32))    # bit for bit, signed zeros too
+    # the range's ends: 1 / +-0 = +-inf, 1 / +-inf = +-0, and (fp16) reciprocals past fp16's range
+    assert np.isinf(want[sn == 0]).all() and (want[np.isinf(sn)] == 0).all()
+
+
+@pytest.mark.parametrize("dt", ["bf16", "fp16"])
+def test_smooth_rcp_gives_the_smooth_result(dt):
+    rng = np.random.default_rng(7)
+    k = 128
+    xs = rng.standard_normal((9, k)).astype(np.float32) * 3
+    sm = rng.uniform(0.05, 8.0, k).astype(np.float32)
+    ld = rng.standard_normal((k, 16)).astype(np.float32)
+    if dt == "fp16":
+        xs, sm, ld = xs.astype(np.float16), sm.astype(np.float16), ld.astype(np.float16)
+    else:
+        xs, sm, ld = qr.round_to_bf16(xs), qr.round_to_bf16(sm), qr.round_to_bf16(ld)
+    rs = qr.smooth_reciprocals_ref(sm, dt)
+    a1, s1, l1 = qr.quantize_act_ref(xs, sm, ld, dtype=dt)
+    a2, s2, l2 = qr.quantize_act_ref(xs, None, ld, dtype=dt, smooth_rcp=rs.astype(np.float16) if dt == "fp16"
+                                     else rs)
+    assert np.array_equal(a1, a2) and np.array_equal(s1, s2) and np.array_equal(l1, l2)
+    a0, s0, _ = qr.quantize_act_ref(xs, None, ld, dtype=dt)          # smoothing changes the result
+    assert not np.array_equal(a0, a1)
+    with pytest.raises(ValueError, match="smooth and smooth_rcp"):
+        qr.quantize_act_ref(xs, sm, dtype=dt, smooth_rcp=rs)
+    with pytest.raises(ValueError, match=r"smooth_rcp shape \(64,\)"):
+        qr.quantize_act_ref(xs, dtype=dt, smooth_rcp=rs[:64])
+
+
 def test_round_once_is_one_rounding():
     """round_once rounds a float64 once: no detour through float32 (which would round twice)."""
     for dt, ulp in (("bf16", 2.0**-7), ("fp16", 2.0**-10)):

@@ -1,6 +1,8 @@
 """Operator ``quantize_act``: bf16/fp16 activations -> NVFP4 codes + E4M3 block scales (+ LoRA-down).
 
-    x̂            = x · RN(1 / smooth), one rounding to x's dtype (smooth optional, [K])
+    x̂            = x · RN(1 / smooth), one rounding to x's dtype (smooth optional, [K]; or smooth_rcp, the
+                   reciprocals RN(1 / smooth) themselves, from `smooth_reciprocals`: the same x̂, and the
+                   kernel skips computing them)
     act, ascales = NVFP4(x̂)                        (exact rules: svdq_loader.testing.quantize_ref)
     lora_act_in  = x̂ @ lora_down                   (lora_down optional, [K, R]; fp32 accumulation)
 
@@ -59,8 +61,24 @@ class QuantizeCall:
     pointers: dict
 
 
+#: The kernel's ``use_smooth`` argument: no smoothing, `smooth` given (the kernel computes RN(1 / smooth) per k),
+#: `smooth_rcp` given (the reciprocals as passed)
+SMOOTH_NONE, SMOOTH_DIV, SMOOTH_RCP = 0, 1, 2
+
+
+def smooth_reciprocals(smooth):
+    """The reciprocals ``RN_D(RN32(1 / smooth))`` of smoothing factors ([K], bf16 or fp16, on any device), in
+    smooth's dtype: what ``quantize_act(x, smooth_rcp=...)`` takes in place of ``smooth`` for the same result,
+    bit for bit (IEEE fp32 division, then one rounding to the 16-bit type: svdq_loader.testing.quantize_ref's
+    rule).  Make them once per set of factors (they are weights); the kernel then skips the per-step
+    reciprocal."""
+    dts = half_dtypes()
+    check_tensor("smooth", smooth, dtype=tuple(dts), ndim=1)
+    return (1.0 / smooth.float()).to(smooth.dtype)
+
+
 def plan_call(arch: str, x, *, smooth=None, lora_down=None, out_act=None, out_scales=None,
-              out_lora=None) -> QuantizeCall:
+              out_lora=None, smooth_rcp=None) -> QuantizeCall:
     torch = torch_module()
     dts = half_dtypes()
     check_tensor("x", x, dtype=tuple(dts), ndim=2)
@@ -70,8 +88,16 @@ def plan_call(arch: str, x, *, smooth=None, lora_down=None, out_act=None, out_sc
     if k % BLOCK_K:
         fail(f"K = x.shape[1] = {k} must be a multiple of {BLOCK_K} (one scale per {BLOCK_K} k)")
     check_i32_sizes(M_times_K_elements=m * k)
+    use_smooth = SMOOTH_NONE
+    if smooth is not None and smooth_rcp is not None:
+        fail("smooth and smooth_rcp were both given: pass the smoothing factors (smooth) or their reciprocals "
+             "(smooth_rcp = smooth_reciprocals(smooth)), not both")
     if smooth is not None:
         check_tensor("smooth", smooth, dtype=x.dtype, ndim=1, shape=(k,))
+        use_smooth = SMOOTH_DIV
+    elif smooth_rcp is not None:
+        check_tensor("smooth_rcp", smooth_rcp, dtype=x.dtype, ndim=1, shape=(k,))
+        smooth, use_smooth = smooth_rcp, SMOOTH_RCP
     rank = 0
     if lora_down is not None:
         check_tensor("lora_down", lora_down, dtype=x.dtype, ndim=2, shape=(k, None))
@@ -91,8 +117,8 @@ def plan_call(arch: str, x, *, smooth=None, lora_down=None, out_act=None, out_sc
         check_tensor("out_scales", out_scales, dtype=torch.float8_e4m3fn, ndim=len(s_shape), shape=s_shape)
     if out_lora is not None:
         check_tensor("out_lora", out_lora, dtype=x.dtype, ndim=2, shape=(m, rank))
-    check_devices(dict(x=x, smooth=smooth, lora_down=lora_down, out_act=out_act, out_scales=out_scales,
-                       out_lora=out_lora))
+    check_devices({"x": x, "smooth_rcp" if use_smooth == SMOOTH_RCP else "smooth": smooth, "lora_down": lora_down,
+                   "out_act": out_act, "out_scales": out_scales, "out_lora": out_lora})
     dev = x.device
     if out_act is None:
         out_act = torch.empty((m, k // 2), dtype=torch.uint8, device=dev)
@@ -106,8 +132,7 @@ def plan_call(arch: str, x, *, smooth=None, lora_down=None, out_act=None, out_sc
         act=out_act.data_ptr(), ascales=out_scales.data_ptr(),
         lora_act_in=out_lora.data_ptr() if out_lora is not None else 0,
     )
-    return QuantizeCall((dts[x.dtype], rank, layout), m, k, int(smooth is not None),
-                        (out_act, out_scales, out_lora), ptrs)
+    return QuantizeCall((dts[x.dtype], rank, layout), m, k, use_smooth, (out_act, out_scales, out_lora), ptrs)
 
 
 # ---------------------------------------------------------------------------
@@ -328,7 +353,7 @@ def _consts():
     return _fast_consts
 
 
-def fast_args(arch: str, x, smooth, lora_down, out_act=None, out_scales=None, out_lora=None):
+def fast_args(arch: str, x, smooth, lora_down, out_act=None, out_scales=None, out_lora=None, smooth_rcp=None):
     """``(features, dims, outputs, args)`` when every rule of `plan_call` holds.
 
     None never means "invalid": the caller then runs `plan_call`, which
@@ -347,6 +372,11 @@ def fast_args(arch: str, x, smooth, lora_down, out_act=None, out_scales=None, ou
     dev = x.get_device()
     px = x.data_ptr()
     ps = pd = 0
+    mode = SMOOTH_DIV
+    if smooth_rcp is not None:
+        if smooth is not None:
+            return None
+        smooth, mode = smooth_rcp, SMOOTH_RCP
     if smooth is not None:
         if type(smooth) is not T or smooth.dtype is not dt or smooth.shape != (k,) or not smooth.is_contiguous() \
                 or smooth.get_device() != dev:
@@ -387,5 +417,5 @@ def fast_args(arch: str, x, smooth, lora_down, out_act=None, out_scales=None, ou
     pa, pc = out_act.data_ptr(), out_scales.data_ptr()
     if (pa | pc | pl) & (PTR_ALIGN - 1):
         return None
-    args = [px, ps, pd, pa, pc, pl, 0, m, k, int(smooth is not None), 1, 1, 0]
+    args = [px, ps, pd, pa, pc, pl, 0, m, k, mode if ps else SMOOTH_NONE, 1, 1, 0]
     return (name, rank, layout), (("m", m), ("k", k)), (out_act, out_scales, out_lora), args

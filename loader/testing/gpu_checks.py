@@ -150,7 +150,8 @@ def make_x(m, k, dt, g, special=False):
 
 def quantize_case(lib, m, k, dt, use_smooth, r, seed, *, base_seed=0, special=False, use_outs=True,
                   time_it=False):
-    """Returns ``(CaseResult, (act, asc, lai), (a_ref, s_ref, l_ref), (x, smooth, lora_down))``."""
+    """Returns ``(CaseResult, (act, asc, lai), (a_ref, s_ref, l_ref), (x, smooth, lora_down))``.  `use_smooth`: 0
+    (False) none, 1 (True) `smooth`, 2 its reciprocals as ``smooth_rcp`` (the reference from `smooth` itself)."""
     torch = _torch()
     DT = _dtypes()
     g = torch.Generator(device="cpu")
@@ -159,7 +160,8 @@ def quantize_case(lib, m, k, dt, use_smooth, r, seed, *, base_seed=0, special=Fa
     smooth = (torch.rand(k, generator=g) * 3.75 + 0.25).to(DT[dt]).cuda() if use_smooth else None
     lora_down = (torch.randn(k, r, generator=g) / k**0.5).to(DT[dt]).cuda() if r else None
     a_ref, s_ref, l_ref = quantize_act_ref_torch(x, smooth, lora_down, device_scale_layout())
-    what = f"quantize_act M={m} K={k} {dt} smooth={use_smooth} R={r} special={special} seed={seed} base={base_seed}"
+    what = (f"quantize_act M={m} K={k} {dt} smooth={int(use_smooth)} R={r} special={special} seed={seed} "
+            f"base={base_seed}")
 
     act_buf = torch.full((m * k // 2 + GUARD,), 0xFF, dtype=torch.uint8, device="cuda")
     asc_buf = torch.full((s_ref.numel() + GUARD,), 0xFF, dtype=torch.uint8, device="cuda")
@@ -167,11 +169,13 @@ def quantize_case(lib, m, k, dt, use_smooth, r, seed, *, base_seed=0, special=Fa
     outs = (act_buf[: m * k // 2].view(m, k // 2), asc_buf[: s_ref.numel()].view(s_ref.shape),
             None if not r else lai_buf[: m * r].view(m, r))
 
+    sm = dict(smooth=smooth) if use_smooth != 2 else dict(smooth_rcp=lib.smooth_reciprocals(smooth))
+
     def call():
         if not use_outs:
-            return lib.quantize_act(x, smooth=smooth, lora_down=lora_down)
-        return lib.quantize_act(x, smooth=smooth, lora_down=lora_down, out_act=outs[0],
-                                out_scales=outs[1].view(torch.float8_e4m3fn), out_lora=outs[2])
+            return lib.quantize_act(x, lora_down=lora_down, **sm)
+        return lib.quantize_act(x, lora_down=lora_down, out_act=outs[0],
+                                out_scales=outs[1].view(torch.float8_e4m3fn), out_lora=outs[2], **sm)
     act, asc, lai = call()
     torch.cuda.synchronize()
     problems = []

@@ -28,7 +28,9 @@ Rules, per row m and group g of 16 consecutive k (k = 16g .. 16g + 15)
    rounding of x̂ itself and far below the 4-bit quantization step.  That
    makes the reciprocal a once-per-k cost and the smoothing one instruction
    per pair.  For fp16, 1 / smooth must lie in fp16's range: smooth below
-   2^-16 gives rs = inf, above 2^14 a subnormal rs.)
+   2^-16 gives rs = inf, above 2^14 a subnormal rs.)  ``smooth_rcp`` [K] in
+   D, the operator's other way to smooth, *is* rs (``smooth_reciprocals``
+   makes it from smooth by the first line's rule): x̂ = RN_D(x * smooth_rcp).
 2. ``amax = max |x̂|`` over the group, as fp32 (exact).  A NaN anywhere in the
    group makes amax NaN (NaN-propagating max); an inf makes it inf.
 3. ``sc = RN32(amax / 6)`` (IEEE division), then the scale byte
@@ -150,14 +152,20 @@ def e2m1_code(q) -> np.ndarray:
     return mag
 
 
-def smooth_input(x, smooth, dtype: str) -> np.ndarray:
-    """Rule 1: x̂ as float32 holding D values."""
-    xf = np.asarray(x, dtype=np.float32)
-    if smooth is None:
-        return xf.copy()
+def smooth_reciprocals_ref(smooth, dtype: str) -> np.ndarray:
+    """Rule 1's ``rs = RN_D(RN32(1 / smooth))`` as float32 holding D values (IEEE float32 division)."""
     sf = np.asarray(smooth, dtype=np.float32)
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        rs = _round_to(np.float32(1.0) / sf, dtype)
+        return _round_to(np.float32(1.0) / sf, dtype)
+
+
+def smooth_input(x, smooth, dtype: str, smooth_rcp=None) -> np.ndarray:
+    """Rule 1: x̂ as float32 holding D values (from smooth, or from its reciprocals rs = smooth_rcp)."""
+    xf = np.asarray(x, dtype=np.float32)
+    if smooth is None and smooth_rcp is None:
+        return xf.copy()
+    rs = smooth_reciprocals_ref(smooth, dtype) if smooth is not None else np.asarray(smooth_rcp, dtype=np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
         prod = xf.astype(np.float64) * rs.astype(np.float64)[None, :]     # exact: two D values
     return round_once(prod, dtype)
 
@@ -187,12 +195,13 @@ def _dtype_of(x, dtype):
     return "fp16" if np.asarray(x).dtype == np.float16 else "bf16"
 
 
-def quantize_act_ref(x, smooth=None, lora_down=None, scale_layout: str = "logical", *, dtype: str | None = None):
+def quantize_act_ref(x, smooth=None, lora_down=None, scale_layout: str = "logical", *, dtype: str | None = None,
+                     smooth_rcp=None):
     """The exact reference (rules above) on numpy arrays.
 
     ``x`` [M, K]: float16 (fp16), or float32 holding bf16 values (bf16; pass
-    ``dtype`` to override).  ``smooth`` [K] and ``lora_down`` [K, R] hold
-    values of the same 16-bit type.  Returns ``(act uint8 [M, K/2], ascales
+    ``dtype`` to override).  ``smooth`` [K] (or its reciprocals ``smooth_rcp``,
+    not both) and ``lora_down`` [K, R] hold values of the same 16-bit type.  Returns ``(act uint8 [M, K/2], ascales
     uint8 (logical [M, K/16] or blocked [ceil(M/128), ceil(K/64), 32, 4, 4]),
     lora_act_in float64 [M, R] or None)``.
     """
@@ -207,9 +216,12 @@ def quantize_act_ref(x, smooth=None, lora_down=None, scale_layout: str = "logica
         raise ValueError("x (bf16) holds values that are not bf16 numbers")
     if scale_layout not in ("logical", "blocked"):
         raise ValueError(f"unknown scale_layout {scale_layout!r}")
-    if smooth is not None and np.asarray(smooth).shape != (k,):
-        raise ValueError(f"smooth shape {np.asarray(smooth).shape} != ({k},)")
-    xh = smooth_input(x, smooth, dt)                       # float32 holding D values
+    if smooth is not None and smooth_rcp is not None:
+        raise ValueError("smooth and smooth_rcp: give one")
+    for name, v in (("smooth", smooth), ("smooth_rcp", smooth_rcp)):
+        if v is not None and np.asarray(v).shape != (k,):
+            raise ValueError(f"{name} shape {np.asarray(v).shape} != ({k},)")
+    xh = smooth_input(x, smooth, dt, smooth_rcp)           # float32 holding D values
     g = xh.reshape(m, k // 16, 16)
     ag = np.abs(g)
     with np.errstate(invalid="ignore"):

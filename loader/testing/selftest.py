@@ -54,7 +54,8 @@ def fp8_gemm_cases(knobs: dict, req: dict) -> list[Case]:
 
 def quantize_cases(knobs: dict, req: dict) -> list[Case]:
     kmin = req["k_multiple"]
-    shapes = [(1, kmin, False), (77, max(3072 // kmin, 1) * kmin, True), (130, 3 * kmin, True)]
+    # smoothing: none, smooth, smooth_rcp (its reciprocals passed)
+    shapes = [(1, kmin, 0), (77, max(3072 // kmin, 1) * kmin, 1), (130, 3 * kmin, 2)]
     return [Case("quantize_act", dict(m=m, k=k, dt=knobs["dtype"], use_smooth=sm, r=knobs["rank"], seed=11 + i))
             for i, (m, k, sm) in enumerate(shapes)]
 

@@ -58,18 +58,22 @@ def encode_e2m1(v: torch.Tensor) -> torch.Tensor:
     return mag | (torch.signbit(v).to(torch.uint8) << 3)
 
 
-def smooth_input(x: torch.Tensor, smooth: torch.Tensor | None) -> torch.Tensor:
-    """x̂ of quantize_ref's rule 1: x times 1 / smooth rounded to x's dtype, a 16-bit multiply (the exact
-    product rounded once); x itself without smooth."""
+def smooth_input(x: torch.Tensor, smooth: torch.Tensor | None, smooth_rcp: torch.Tensor | None = None
+                 ) -> torch.Tensor:
+    """x̂ of quantize_ref's rule 1: x times 1 / smooth rounded to x's dtype (or times `smooth_rcp`, those
+    reciprocals given), a 16-bit multiply (the exact product rounded once); x itself without either."""
+    if smooth_rcp is not None:
+        return x * smooth_rcp
     return x if smooth is None else x * (1.0 / smooth.float()).to(x.dtype)
 
 
-def quantize_act(x: torch.Tensor, smooth: torch.Tensor | None = None, lora_down: torch.Tensor | None = None):
+def quantize_act(x: torch.Tensor, smooth: torch.Tensor | None = None, lora_down: torch.Tensor | None = None,
+                 smooth_rcp: torch.Tensor | None = None):
     """x [M, K] bf16/fp16 -> (act uint8 [M, K/2], ascales float8_e4m3fn [M, K/16], lora_act_in [M, R] or None)."""
     m, k = x.shape
     if k % BLOCK:
         raise ValueError(f"K={k} is not a multiple of {BLOCK}")
-    xh = smooth_input(x, smooth)
+    xh = smooth_input(x, smooth, smooth_rcp)
     g = xh.float().view(m, k // BLOCK, BLOCK)
     amax = g.abs().amax(dim=-1)
     sc = torch.where(torch.isfinite(amax), amax / 6.0, torch.full_like(amax, float("nan")))
