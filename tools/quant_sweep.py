@@ -1,6 +1,6 @@
 """Time every built quantize_act variant of an artifact set on this GPU (tuning data for docs/PERF.md).
 
-    python3 tools/quant_sweep.py ARTIFACTS [--m 4608,1024] [--k 3072,15360] [--ksplit 1,2,4] [--smooth 0,1]
+    python3 tools/quant_sweep.py ARTIFACTS [--m 4608,1024] [--k 3072,15360] [--ksplit 1,2,4] [--smooth 0,1,2]
         [--ranks 0,32] [--ctas tiles,fill,2fill,auto] [--carveout -1,100] [--full-check] [--timer graph|loop]
 
 Bypasses selection (each variant's launcher is driven directly); checks every
@@ -35,7 +35,9 @@ def main() -> None:
                          "(ksplit 1 only: whole waves of the CTAs the SMs hold, at least the tiles; N x that), an "
                          "integer (the range form on that many CTAs, within [tiles, units]), or auto (the loader's "
                          "own schedule: ksplit and grid)")
-    ap.add_argument("--smooth", default="0,1")
+    ap.add_argument("--smooth", default="0,1",
+                    help="smoothing forms to time: 0 none, 1 smooth (the kernel computes the reciprocals), 2 "
+                         "smooth_rcp (the reciprocals passed); comma-separated")
     ap.add_argument("--ranks", default="", help="only these ranks (default: every built rank)")
     ap.add_argument("--carveout", default="-1",
                     help="the kernel's preferred shared-memory carveout to time at, in percent of the unified "
@@ -84,7 +86,10 @@ def direct_calls(lib, e, m, k, r, ks, copies, smooth_on=True, form="tiles"):
     ld = (torch.randn(k, r, device="cuda") / k ** 0.5).to(torch.bfloat16) if r else None
     ql = lib._launcher(e.name, 0, False)
     ks, ctas = grid_for(ql, form, m, k, r, ks)
-    calls = [qop.fast_args("sm_90a", x, sm, ld) for x in xs]
+    # smooth_on 2: the kernel gets the reciprocals RN(1 / smooth) (smooth_rcp) instead of smooth
+    rs = qop.smooth_reciprocals(sm) if smooth_on == 2 else None
+    calls = [qop.fast_args("sm_90a", x, sm, ld) if rs is None else
+             qop.fast_args("sm_90a", x, None, ld, smooth_rcp=rs) for x in xs]
     stream = torch.cuda.current_stream().cuda_stream
     nbytes = qop.workspace_bytes(ctas, ql.tile_rows, r) if ks == 1 else 0
     keep = []
@@ -96,6 +101,8 @@ def direct_calls(lib, e, m, k, r, ks, copies, smooth_on=True, form="tiles"):
             ws = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device="cuda")
             c[3][qop.WORKSPACE_INDEX] = ws.data_ptr()
             keep.append(ws)
+    if rs is not None:
+        keep.append(rs)
     calls = [c + (keep,) for c in calls]                      # each call holds the workspaces
     return ql.inner, xs, sm, ld, calls, (ks, ctas)
 
@@ -148,7 +155,7 @@ def _time_variant(a, art, lib, e, ranks, copies):
                                 for c in a.carveout.split(",")):
         if form != "tiles" and ks != 1:
             continue                                          # the range forms have no cluster split
-        for smooth_on in (bool(int(x)) for x in a.smooth.split(",")):
+        for smooth_on in (int(x) for x in a.smooth.split(",")):
             set_carveout(lib._launcher(e.name, 0, False).inner, cv)
             ln, xs, sm, ld, calls, (ks_used, ctas) = direct_calls(lib, e, mm, k, r, ks, copies, smooth_on, form)
             ln.launch(calls[0][3])

@@ -132,6 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
                          + "; with --quick: " + ",".join(map(str, QUICK_M)) + ")")
     ap.add_argument("--quant-m", type=_int_list, metavar="LIST",
                     help="token counts M for quantize_act (default: " + ",".join(map(str, QUANT_M)) + ")")
+    ap.add_argument("--smoothing", type=_choice_list(SMOOTHINGS), default=list(SMOOTHINGS), metavar="LIST",
+                    help="quantize_act's smoothing forms, comma-separated from " + ",".join(SMOOTHINGS) + ": the "
+                         "factors (smooth=), or their reciprocals made once (smooth_rcp=, what a model's layer "
+                         "passes); each gets its own row (default: both)")
     ap.add_argument("--rank", type=int, default=32, help="LoRA rank R, 0 for none (default: %(default)s)")
     ap.add_argument("--compute", type=_choice_list(("exact", "fp8")), default=["exact"], metavar="LIST",
                     help="compute modes of the gemm_w4a4 and linear cases and of the host cost, comma-separated "
@@ -504,21 +508,34 @@ def _quant_inputs(m, k, rank, tdt, seed=0):
     return x, smooth, lora_down
 
 
-def quant_case(lib, m, k, rank, dtype, baselines, st, l2, copy_gbps) -> dict:
+#: quantize_act's two ways to smooth (`--smoothing`): the factors (the kernel makes their reciprocals each step), or
+#: the reciprocals made once (``smooth_rcp``, what a model's layer holds); the same result bit for bit
+SMOOTHINGS = ("smooth", "smooth_rcp")
+
+
+def quant_case(lib, m, k, rank, dtype, baselines, st, l2, copy_gbps, smoothing="smooth") -> dict:
+    """One quantize_act row: `smoothing` "smooth" passes the factors, "smooth_rcp" their reciprocals (made before
+    the timing, as a layer makes them once), to ours and to the torch baselines alike (x * rs instead of x times
+    1 / smooth rounded); both are checked against the torch version from the factors."""
     import torch
     from . import torch_quant as tq
     tdt = _dtype(dtype)
     nbytes = quant_bytes(m, k, rank)
-    res = dict(op="quantize_act", m=m, k=k, rank=rank, dtype=dtype, smooth=True, bytes=nbytes)
+    res = dict(op="quantize_act", m=m, k=k, rank=rank, dtype=dtype, smooth=True, smoothing=smoothing, bytes=nbytes)
     if not hasattr(lib, "quantize_act"):
         return dict(res, skipped="this svdq_loader has no quantize_act")
     x, smooth, ld = _quant_inputs(m, k, rank, tdt, seed=m + k)
+    rcp = smoothing == "smooth_rcp"
+    if rcp and not hasattr(lib, "smooth_reciprocals"):
+        return dict(res, skipped="this svdq_loader has no smooth_rcp")
+    s0 = lib.smooth_reciprocals(smooth) if rcp else smooth
     ns = n_sets_for(nbytes, l2)
     X = [x] + [x.clone() for _ in range(ns - 1)]
-    S = [smooth] + [smooth.clone() for _ in range(ns - 1)]
+    S = [s0] + [s0.clone() for _ in range(ns - 1)]
     L = [ld] + [_clone(ld) for _ in range(ns - 1)]
+    key = "smooth_rcp" if rcp else "smooth"
     try:
-        act, sc, la = lib.quantize_act(x, smooth=smooth, lora_down=ld)
+        act, sc, la = lib.quantize_act(x, lora_down=ld, **{key: s0})
         torch.cuda.synchronize()
     except Exception as exc:  # noqa: BLE001
         if is_unsupported(exc):
@@ -529,9 +546,9 @@ def quant_case(lib, m, k, rank, dtype, baselines, st, l2, copy_gbps) -> dict:
     OL = [None if la is None else torch.empty_like(la) for _ in range(ns)]
 
     def ours(i):
-        lib.quantize_act(X[i], smooth=S[i], lora_down=L[i], out_act=OA[i], out_scales=OS[i], out_lora=OL[i])
+        lib.quantize_act(X[i], lora_down=L[i], out_act=OA[i], out_scales=OS[i], out_lora=OL[i], **{key: S[i]})
 
-    # result check against the torch version (the scale layout must be the logical one to compare)
+    # result check against the torch version from the factors (the scale layout must be the logical one to compare)
     r_act, r_sc, r_la = tq.quantize_act(x, smooth, ld)
     chk = dict(act_bytes_equal=float((act == r_act).float().mean()) if act.shape == r_act.shape else None,
                scales_equal=float((sc.view(torch.uint8) == r_sc.view(torch.uint8)).float().mean())
@@ -550,7 +567,8 @@ def quant_case(lib, m, k, rank, dtype, baselines, st, l2, copy_gbps) -> dict:
             continue
         f = tq.quantize_act if name == "eager" else tq.compiled(tq.quantize_act)
         try:
-            b = _bw(time_calls(lambda i: f(X[i], S[i], L[i]), ns, st), nbytes, copy_gbps)
+            fi = (lambda i: f(X[i], None, L[i], S[i])) if rcp else (lambda i: f(X[i], S[i], L[i]))
+            b = _bw(time_calls(fi, ns, st), nbytes, copy_gbps)
             b["speedup"] = b["us"] / res["ours"]["us"]
         except Exception as exc:  # noqa: BLE001
             b = dict(error=f"{type(exc).__name__}: {_first_line(exc)}")
@@ -783,14 +801,15 @@ def render_tables(doc: dict) -> str:
     if quant:
         cbw = doc.get("copy_bw", {}).get("gbps")
         names = [b for b in QUANT_BASELINES if any(b in r.get("baselines", {}) for r in quant)]
-        head = ["M", "K", "R", "dtype", "MB moved", "floor µs", "ours µs", "ours GB/s", "of copy BW",
+        head = ["M", "K", "R", "dtype", "smoothing", "MB moved", "floor µs", "ours µs", "ours GB/s", "of copy BW",
                 "same-size copy µs", "of same-size copy"]
         head += [LABELS[b] + " µs (ours×)" for b in names] + ["check act/scales"]
         lines += [f"### quantize_act (device copy bandwidth this run: {_f(cbw, '.0f')} GB/s, read + write)", "",
                   "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in quant:
             o, chk = r["ours"], r.get("check", {})
-            cells = [r["m"], r["k"], r["rank"], r["dtype"], _f(r["bytes"] / 1e6), _f(r.get("floor_us")),
+            cells = [r["m"], r["k"], r["rank"], r["dtype"], r.get("smoothing", "smooth"), _f(r["bytes"] / 1e6),
+                     _f(r.get("floor_us")),
                      _f(o["us"]), _f(o["gbps"], ".0f"), _f(None if o.get("frac_copy") is None
                                                           else 100 * o["frac_copy"], ".0f") + "%",
                      _f(r.get("copy_same", {}).get("us")),
@@ -852,7 +871,9 @@ def write_plot(doc: dict, path: str) -> str | None:
     quant = [r for r in doc.get("quantize_act", []) if "ours" in r]
     if quant:
         names = [b for b in QUANT_BASELINES if any("gbps" in r["baselines"].get(b, {}) for r in quant)]
-        panels.append(("quantize_act: GB/s of the bytes moved", [f"{r['m']}×{r['k']} {r['dtype']}" for r in quant],
+        labels = [f"{r['m']}×{r['k']} {r['dtype']}" + (" rcp" if r.get("smoothing") == "smooth_rcp" else "")
+                  for r in quant]
+        panels.append(("quantize_act: GB/s of the bytes moved", labels,
                        [("ours", [r["ours"]["gbps"] for r in quant])]
                        + [(LABELS[b], [r["baselines"].get(b, {}).get("gbps") for r in quant]) for b in names],
                        doc.get("copy_bw", {}).get("gbps")))
@@ -1011,9 +1032,10 @@ def main(argv=None) -> int:
         for dtype in args.dtype:
             for k in dict.fromkeys(k for _, k, _ in shapes):
                 for m in quant_m:
-                    run_case("quantize_act", lambda m=m, k=k, dtype=dtype: quant_case(
-                        lib, m, k, args.rank, dtype, args.baselines, st, l2, doc["copy_bw"]["gbps"]),
-                        f"M={m} K={k} {dtype}")
+                    for sm in args.smoothing:
+                        run_case("quantize_act", lambda m=m, k=k, dtype=dtype, sm=sm: quant_case(
+                            lib, m, k, args.rank, dtype, args.baselines, st, l2, doc["copy_bw"]["gbps"], sm),
+                            f"M={m} K={k} {dtype} {sm}")
     print("host cost:", flush=True)
     try:
         doc["host"] = host_costs(lib, ops, args.rank, args.dtype[0], shapes, st, args.compute)

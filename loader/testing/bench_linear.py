@@ -1,7 +1,8 @@
 """`svdq-aot bench --op linear`: a whole W4A4 linear as a model runs it, against the linear it replaces.
 
 A model's linear starts from 16-bit activations: ours is ``quantize_act`` (smoothing and the LoRA-down product
-fused) and then ``gemm_w4a4`` on the same stream, back to back (the GEMM is a programmatic dependent of the
+fused; smoothing by the reciprocals a layer makes once, ``smooth_rcp``, as ``W4A4Linear`` does, and the torch
+baselines get the same reciprocals) and then ``gemm_w4a4`` on the same stream, back to back (the GEMM is a programmatic dependent of the
 quantizer, so its CTAs may launch while the quantizer drains).  The operator benches time each half alone; this
 case times the pair, which is what a user swapping a bf16 ``nn.Linear`` pays.  Baselines on the same M, K, N:
 
@@ -19,11 +20,12 @@ LINEAR_BASELINES = ("dense", "eager", "compile")
 _WEIGHT_KEYS = ("wgt", "wscales", "lora_up", "wcscale", "bias")     # torch_linear's weight-side arguments, in order
 
 
-def torch_linear(x, smooth, lora_down, wgt, wscales, lora_up, wcscale, bias, lut=None):
+def torch_linear(x, smooth, lora_down, wgt, wscales, lora_up, wcscale, bias, lut=None, smooth_rcp=None):
     """The W4A4 linear in torch (the eager baseline and the check): quantize_act's exact rules, then the GEMM
-    pipeline on the dequantized operands, in x's dtype."""
+    pipeline on the dequantized operands, in x's dtype (smoothing by `smooth`, or by its reciprocals
+    `smooth_rcp`: the same x̂)."""
     from . import torch_quant as tq
-    act, ascales, lora_act_in = tq.quantize_act(x, smooth, lora_down)
+    act, ascales, lora_act_in = tq.quantize_act(x, smooth, lora_down, smooth_rcp)
     return tq.w4a4_unfused(act, ascales, wgt, wscales, lora_act_in, lora_up, wcscale, bias, x.dtype, lut=lut)
 
 
@@ -46,6 +48,7 @@ def linear_case(lib, m, k, n, rank, dtype, baselines, st, l2, compute="exact") -
     ns = bench.n_sets_for(linear_set_bytes(m, k, n, rank), l2)
     X = [x] + [x.clone() for _ in range(ns - 1)]
     SM = [smooth] + [smooth.clone() for _ in range(ns - 1)]
+    RS = [lib.smooth_reciprocals(v) for v in SM] if hasattr(lib, "smooth_reciprocals") else None
     LD = [lora_down] + [bench._clone(lora_down) for _ in range(ns - 1)]
     P = [p] + [{key: bench._clone(v) for key, v in p.items()} for _ in range(ns - 1)]
     Y = [torch.empty(m, n, dtype=tdt, device="cuda") for _ in range(ns)]
@@ -54,24 +57,27 @@ def linear_case(lib, m, k, n, rank, dtype, baselines, st, l2, compute="exact") -
         kw = {} if compute == "exact" else dict(compute=compute)
         W = [lib.prepare_weight(q["wgt"], q["wscales"], lora_up=q["lora_up"], wcscale=q["wcscale"], bias=q["bias"],
                                 **kw) for q in P]
-        Q = [lib.quantize_act(X[i], smooth=SM[i], lora_down=LD[i], **kw) for i in range(ns)]
+        sm = [dict(smooth=SM[i]) if RS is None else dict(smooth_rcp=RS[i]) for i in range(ns)]
+        Q = [lib.quantize_act(X[i], lora_down=LD[i], **sm[i], **kw) for i in range(ns)]
 
         def ours(i):
             act, sc, la = Q[i]
-            lib.quantize_act(X[i], smooth=SM[i], lora_down=LD[i], out_act=act, out_scales=sc, out_lora=la, **kw)
+            lib.quantize_act(X[i], lora_down=LD[i], out_act=act, out_scales=sc, out_lora=la, **sm[i], **kw)
             lib.gemm_w4a4(act, W[i], sc, lora_act_in=la, out=Y[i])
         return ours
 
     lut = tq.e2m1_lut(tdt, "cuda")
 
-    def pipeline(f):          # the torch linear on input set i
+    def pipeline(f, rcp=RS is not None):          # the torch linear on input set i (rcp: by the reciprocals)
+        if rcp:
+            return lambda i: f(X[i], None, LD[i], *(P[i][key] for key in _WEIGHT_KEYS), lut=lut, smooth_rcp=RS[i])
         return lambda i: f(X[i], SM[i], LD[i], *(P[i][key] for key in _WEIGHT_KEYS), lut=lut)
 
     ours, skipped = bench.first_call_or_skip(res, setup)
     if skipped:
         return skipped
 
-    want = pipeline(torch_linear)(0).float()
+    want = pipeline(torch_linear, False)(0).float()          # from the factors themselves
     got = Y[0].float()
     rel = float((got - want).norm() / want.norm().clamp_min(1e-30))
     tol = bench.FP8_CHECK_TOL if compute == "fp8" else bench.CHECK_TOL
