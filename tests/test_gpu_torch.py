@@ -77,6 +77,32 @@ def test_layer_matches_the_float64_reference(lib, dtype, rank, smooth):
         assert rel(y, lin(x)) < 0.25, (m, SEED)              # and it is still the linear it replaced
 
 
+def test_layer_smooth_rcp_made_once_and_kept_current(lib):
+    """A smoothing layer passes quantize_act its factors' reciprocals (smooth_rcp), made at the first forward and
+    again only when smooth changes: its result is the one smooth= gives, bit for bit, before and after an
+    in-place change of smooth."""
+    from svdq_loader.torch import _ops
+    k, n = 3072, 3072
+    served(lib, k, n, 32, torch.bfloat16)
+    lin = make_linear(k, n, torch.bfloat16, SEED + 7)
+    g = torch.Generator(device="cpu").manual_seed(SEED + 8)
+    amax = (torch.rand(k, generator=g) * 8 + 0.1).to(DEV)
+    layer = W4A4Linear.from_linear(lin, rank=32, act_amax=amax, lib=lib)
+    x = (torch.randn(300, k, generator=g) * 2).to(DEV, torch.bfloat16)
+    for step in range(2):
+        y = layer(x)
+        rcp = layer._rcp[1]
+        assert torch.equal(rcp, lib.smooth_reciprocals(layer.smooth)), step
+        want = _ops.quantize(lib, x, layer.smooth, layer.lora_down)            # smooth= itself
+        got = _ops.quantize(lib, x, layer.smooth, layer.lora_down, smooth_rcp=rcp)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1].view(torch.uint8), want[1].view(torch.uint8))
+        assert rel(y, layer.reference(x)) < TOL, step
+        layer(x)
+        assert layer._rcp[1] is rcp, step                                     # kept while smooth is unchanged
+        with torch.no_grad():
+            layer.smooth.mul_(1.75)                                           # in place: a new version
+
+
 def test_layer_input_forms(lib):
     k, n = 3072, 3072
     served(lib, k, n, 32, torch.bfloat16)

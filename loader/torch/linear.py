@@ -62,6 +62,7 @@ class W4A4Linear(nn.Module):
         self.register_buffer("lora_down", e(k, rank, dt=dtype) if rank else None)
         self.register_buffer("lora_up", e(n, rank, dt=dtype) if rank else None)
         self._prepared: dict = {}
+        self._rcp: tuple | None = None    # ((smooth's pointer, version), its reciprocals): `_smooth_rcp`
         self._lib = None
         if lib is not None:          # the weight is prepared once the buffers hold values (load_tensors, attach)
             _ops.register(lib)
@@ -186,9 +187,22 @@ class W4A4Linear(nn.Module):
                                   f"{tuple(getattr(x, 'shape', ())) or type(x).__name__}")
         return x.reshape(-1, self.in_features)
 
+    def _smooth_rcp(self):
+        """The reciprocals of `smooth` that quantize_act takes as ``smooth_rcp`` (the same x̂, a faster kernel),
+        made once and again only when smooth changes (another tensor, or written in place); None without
+        smoothing and while torch.compile traces (the compiled graph passes smooth itself)."""
+        s = self.smooth
+        if s is None or torch.compiler.is_compiling() or not s.is_cuda:
+            return None
+        key = (s.data_ptr(), s._version, s.dtype)
+        if self._rcp is None or self._rcp[0] != key:
+            self._rcp = (key, _ops.smooth_reciprocals(s))
+        return self._rcp[1]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = self._flat_input(x)
-        act, ascales, lora_act_in = _ops.quantize(self._lib, x2, self.smooth, self.lora_down, self.compute)
+        act, ascales, lora_act_in = _ops.quantize(self._lib, x2, self.smooth, self.lora_down, self.compute,
+                                                  self._smooth_rcp())
         y = _ops.gemm(self._lib, act, ascales, self.qweight, self.wscales, lora_act_in, self.lora_up, self.wcscale,
                       self.bias, x2.dtype, self._prepared, self.compute)
         return y.reshape(*x.shape[:-1], self.out_features)
