@@ -89,7 +89,8 @@ grep the PTX), no division subroutine calls (they spilled registers).
 Launch ABI: host function ``(x, smooth, lora_down, act, ascales, lora_act_in,
 workspace, m, k, use_smooth, ksplit, ctas, stream)``; kernel params: the 7 pointers then m, k,
 use_smooth (i32: 0 none, 1 ``smooth`` holds the factors, 2 it holds their reciprocals rs, which each lane then
-shares as loaded: the same x̂, and 30 instructions fewer per step at rank 32).  grid = (ctas, 1, 1), block = (32 * warps, 1, 1), dynamic SMEM ``smem_bytes``,
+shares as loaded: the same x̂, and 30 instructions fewer per step at rank 32).  grid = (ctas, 1, 1),
+block = (32 * warps, 1, 1), dynamic SMEM ``smem_bytes``,
 cluster (ksplit, 1, 1), programmatic dependent launch (PDL: ``griddepcontrol.wait`` before any
 global access, then ``launch_dependents``; docs/design.md section 6).  Preconditions (the loader checks
 them): pointers 16-byte aligned, contiguous row-major tensors, m >= 1, k % 64 == 0, M*K < 2^31,
