@@ -2,9 +2,9 @@
 
 A model's linear starts from 16-bit activations: ours is ``quantize_act`` (smoothing and the LoRA-down product
 fused; smoothing by the reciprocals a layer makes once, ``smooth_rcp``, as ``W4A4Linear`` does, and the torch
-baselines get the same reciprocals) and then ``gemm_w4a4`` on the same stream, back to back (the GEMM is a programmatic dependent of the
-quantizer, so its CTAs may launch while the quantizer drains).  The operator benches time each half alone; this
-case times the pair, which is what a user swapping a bf16 ``nn.Linear`` pays.  Baselines on the same M, K, N:
+baselines get the same reciprocals) and then ``gemm_w4a4`` on the same stream, back to back (the GEMM is a
+programmatic dependent of the quantizer, so its CTAs may launch while the quantizer drains).  The operator
+benches time each half alone; this case times the pair, which is what a user swapping a bf16 ``nn.Linear`` pays.  Baselines on the same M, K, N:
 
 * ``dense``   cuBLAS on the 16-bit activations and weights (``torch.matmul``): the layer before quantization;
 * ``eager``   the same W4A4 linear in plain torch (quantize, dequantize both operands, matmul, LoRA, affine);
