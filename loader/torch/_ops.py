@@ -32,15 +32,9 @@ def register(lib) -> None:
         torch_ops.use(lib)
 
 
-def smooth_reciprocals(smooth):
-    """quantize_act's ``smooth_rcp`` for `smooth` (`svdq_loader.ops.quantize_act.smooth_reciprocals`)."""
-    from svdq_loader.ops.quantize_act import smooth_reciprocals as rcp
-    return rcp(smooth)
-
-
 def quantize(lib, x, smooth, lora_down, compute: str = "exact", smooth_rcp=None):
     """x [M, K] -> (act [M, K/2] uint8, ascales, lora_act_in [M, R] or None).  `smooth_rcp`: smooth's
-    reciprocals (`smooth_reciprocals`), which an eager call passes instead of smooth (the same result, a faster
+    reciprocals (`ops.quantize_act.smooth_reciprocals`), which an eager call passes instead of smooth (the same result, a faster
     kernel); a compiled graph's custom op takes smooth.
 
     A non-contiguous x is made contiguous; eagerly, a misaligned one is copied too (the kernel reads

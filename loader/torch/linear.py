@@ -18,6 +18,7 @@ from torch import nn
 
 from svdq_loader.errors import InvalidArgument
 from svdq_loader.ops.layouts import BLOCK_K, COMPUTE_MODES
+from svdq_loader.ops.quantize_act import smooth_reciprocals
 from svdq_loader.torch import _ops
 from svdq_loader.torch.recipe import quantize_linear
 
@@ -196,7 +197,7 @@ class W4A4Linear(nn.Module):
             return None
         key = (s.data_ptr(), s._version, s.dtype)
         if self._rcp is None or self._rcp[0] != key:
-            self._rcp = (key, _ops.smooth_reciprocals(s))
+            self._rcp = (key, smooth_reciprocals(s))
         return self._rcp[1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
