@@ -34,8 +34,8 @@ def register(lib) -> None:
 
 def quantize(lib, x, smooth, lora_down, compute: str = "exact", smooth_rcp=None):
     """x [M, K] -> (act [M, K/2] uint8, ascales, lora_act_in [M, R] or None).  `smooth_rcp`: smooth's
-    reciprocals (`ops.quantize_act.smooth_reciprocals`), which an eager call passes instead of smooth (the same result, a faster
-    kernel); a compiled graph's custom op takes smooth.
+    reciprocals (`ops.quantize_act.smooth_reciprocals`), which an eager call passes instead of smooth (the same
+    result, a faster kernel); a compiled graph's custom op takes smooth.
 
     A non-contiguous x is made contiguous; eagerly, a misaligned one is copied too (the kernel reads
     contiguous, 16-byte-aligned rows; tensors a compiled graph makes are allocator-aligned).  Eagerly with
