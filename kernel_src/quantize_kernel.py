@@ -280,16 +280,12 @@ class _QuantizeAct:
                         _cp_commit()
 
                 nmine = (hi - vw + WS - 1) // WS                       # this warp's steps (<= 0: none)
-                if use_smooth == 1:
+                if use_smooth != 0:
                     for it in cutlass.range(0, nmine, 1, unroll=1):
-                        self._step(c, it, vw + it * WS, "div")
+                        self._step(c, it, vw + it * WS, True)
                 else:
-                    if use_smooth != 0:
-                        for it in cutlass.range(0, nmine, 1, unroll=1):
-                            self._step(c, it, vw + it * WS, "rcp")
-                    else:
-                        for it in cutlass.range(0, nmine, 1, unroll=1):
-                            self._step(c, it, vw + it * WS, None)
+                    for it in cutlass.range(0, nmine, 1, unroll=1):
+                        self._step(c, it, vw + it * WS, False)
 
                 # ---- LoRA epilogue: reduce the warps' partial sums, then store rows < m ----
                 if cutlass.const_expr(R > 0):
@@ -500,11 +496,11 @@ class _QuantizeAct:
         if smoothing:
             # reciprocals of smooth for the step's 64 k: lane l holds k = 2l, 2l + 1 ("div": it computes them from
             # smooth; "rcp": the caller passed them, so the pair is used as loaded)
-            if smoothing == "rcp":
-                rs_pair = sm_cur
-            else:
-                s_lo, s_hi = _f32_pair(sm_cur, dt)
-                rs_pair = _pack_pair(_rcp16(s_lo), _rcp16(s_hi), dt)
+            def _recip(v):
+                s_lo, s_hi = _f32_pair(v, dt)
+                return _pack_pair(_rcp16(s_lo), _rcp16(s_hi), dt)
+            rs_pair = cutlass.if_generate(c.use_smooth == 1, _recip, None, input_args=[Int32(sm_cur)],
+                                          return_types=[Int32])
             _sts_u32(rs_s + 4 * lane, rs_pair)
             cute.arch.sync_warp()
             rs = []
