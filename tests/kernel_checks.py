@@ -37,6 +37,8 @@ def dump_sass(cubin_path: str, tool: str | None = None) -> str | None:
 _INSN = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", re.M)
 _BRA = re.compile(r"\bBRA(?:\.\w+)*\s+(?:`\()?0x([0-9a-f]+)")
 _MMA = re.compile(r"\b(HG?MMA|QGMMA)\.")      # fp16 / bf16 MMAs, and Hopper's FP8 wgmma (QGMMA)
+#: a branch taken under a predicate: ``@P0 BRA 0x..`` (per thread) or ``BRA.U UP0, 0x..`` (uniform predicate)
+_COND_BRA = re.compile(r"^(@!?U?P\w+\s+)?BRA(?:\.\w+)*\s+(!?UP\w+\s*,\s*)?(?:`\()?0x([0-9a-f]+)")
 _BRA_DIV = re.compile(r"\bBRA\.DIV\s+\w+\s*,\s*(?:`\()?0x([0-9a-f]+)")
 
 
@@ -80,6 +82,21 @@ def loops(ins: list[tuple[int, str]]) -> list[dict]:
         out.append(dict(start=target, end=a, instructions=len(body),
                         hmma=sum(bool(_MMA.search(t)) for _, t in body)))
     return sorted(out, key=lambda d: (-d["instructions"], d["start"]))
+
+
+def skipped_by_branch(ins: list[tuple[int, str]], start: int, end: int, pattern: str) -> bool:
+    """Whether, inside the loop from address ``start`` to ``end``, every instruction matching ``pattern`` (a regular
+    expression; at least one) lies behind one conditional forward branch that jumps past them all: code a warp
+    can skip, where ptxas did not turn the branch into predicated instructions that issue anyway."""
+    body = [(a, t) for a, t in ins if start <= a <= end]
+    hits = [a for a, t in body if re.search(pattern, t)]
+    if not hits:
+        return False
+    for a, t in body:
+        m = _COND_BRA.match(t)
+        if m and (m.group(1) or m.group(2)) and a < hits[0] and hits[-1] < int(m.group(3), 16) <= end:
+            return True
+    return False
 
 
 def collectives(ins: list[tuple[int, str]]) -> int:

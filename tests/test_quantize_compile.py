@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("cutlass")
 
-from kernel_checks import collectives, dump_sass, elf_sm, instructions, loops  # noqa: E402
+from kernel_checks import collectives, dump_sass, elf_sm, instructions, loops, skipped_by_branch  # noqa: E402
 from svdq_aot.family import check_family  # noqa: E402
 from svdq_kernels import quantize_act as fam  # noqa: E402
 from svdq_kernels import quantize_plan as plan  # noqa: E402
@@ -123,15 +123,24 @@ def test_variant(compiled, case):
     else:
         # x is prefetched one step ahead into registers: 16-byte non-coherent loads
         assert re.search(r"LDG\.E\.[A-Z.]*128", sass), "x is not loaded in 16-byte chunks"
+    ins = instructions(sass)
     if arch == "sm_90a" and r in _ONE_BLOCK_LOOP_RANKS:
         # the step loop is one block of SASS holding the step's LoRA MMAs (4 k16 blocks x R/16 x two 8-row
         # halves), and no warp barrier needs ptxas' collective path for a diverged warp (docs/PERF.md, session
         # 20: an edit that brought 18 of them came with a longer step loop, 458 instead of 422 instructions, and
         # a kernel 4-26 % slower even in the forms that never ran the edited code)
-        ins = instructions(sass)
         assert collectives(ins) == 0, f"{collectives(ins)} WARPSYNC.COLLECTIVE blocks"
         big = loops(ins)[0]
         assert big["instructions"] <= 600 and big["hmma"] == 8 * (r // 16), big
+    # one step loop serves both smoothing forms (use_smooth 1 and 2): its fp64 reciprocals of smooth (MUFU.RCP64H
+    # and their Newton steps) sit behind a real branch (per-thread or uniform predicate), which use_smooth 2
+    # (reciprocals given) takes to skip them (docs/PERF.md, session 51: 1-3 % faster at M = 4608); predicated
+    # instead, they would issue in both forms
+    smooth_loops = [lp for lp in loops(ins)[:4] if any(lp["start"] <= a <= lp["end"] and "MUFU.RCP64H" in t
+                                                       for a, t in ins)]
+    assert smooth_loops, "no step loop holds the reciprocals of smooth"
+    for lp in smooth_loops:
+        assert skipped_by_branch(ins, lp["start"], lp["end"], r"MUFU\.RCP64H|\bDFMA\b"), lp
 
 
 @pytest.mark.parametrize("case", TUNED_CASES, ids=[f"{a}-{d}-r{r}-w{w}" for a, d, r, w in TUNED_CASES])
@@ -344,3 +353,26 @@ def test_sass_loop_reader_on_a_hand_written_listing():
                                                                                  (0x20, 0x50, 4, 3)]
     assert collectives(ins) == 1
     assert collectives(instructions(sass.replace("WARPSYNC.COLLECTIVE", "WARPSYNC"))) == 0
+
+
+def _listing(lines):
+    return "\n".join(f"        /*{16 * i:04x}*/  {t} ;  /* 0x0 */" for i, t in enumerate(lines))
+
+
+@pytest.mark.parametrize("branch, skips", [
+    ("@P0 BRA 0x60", True),             # per-thread predicate, past the block
+    ("BRA.U UP0, 0x60", True),          # uniform predicate (sm_100a's form)
+    ("BRA.U !UP1, 0x60", True),
+    ("@P0 BRA 0x40", False),            # lands inside the block
+    ("BRA 0x60", False),                # unconditional: the block never runs, no choice made
+    ("NOP", False),                     # no branch: the block issues in both forms
+])
+def test_skipped_by_branch_reader(branch, skips):
+    """The reader behind the smoothing-loop check: a block counts as skippable only behind one conditional forward
+    branch whose target lies past its last matching instruction and inside the loop."""
+    sass = _listing(["MOV R1, R2", branch, "MUFU.RCP64H R5, R3", "DFMA R6, -R2, R4, 1", "DFMA R6, R4, R6, R4",
+                     "F2F.F32.F64 R7, R6", "STS [R8], R7", "@P1 BRA 0x0"])
+    ins = instructions(sass)
+    assert len(ins) == 8
+    assert skipped_by_branch(ins, 0x0, 0x70, r"MUFU\.RCP64H|\bDFMA\b") is skips
+    assert skipped_by_branch(ins, 0x0, 0x70, r"\bHMMA\b") is False         # nothing matches: no claim
