@@ -89,8 +89,8 @@ grep the PTX), no division subroutine calls (they spilled registers).
 Launch ABI: host function ``(x, smooth, lora_down, act, ascales, lora_act_in,
 workspace, m, k, use_smooth, ksplit, ctas, stream)``; kernel params: the 7 pointers then m, k,
 use_smooth (i32: 0 none, 1 ``smooth`` holds the factors, 2 it holds their reciprocals rs, which each lane then
-shares as loaded: the same x̂; both smoothing forms run one step loop, whose uniform branch skips the
-reciprocal's 32 instructions when use_smooth == 2).  grid = (ctas, 1, 1),
+shares as loaded: the same x̂; both smoothing forms run one step loop, in which a branch on use_smooth skips
+the reciprocal's instructions when use_smooth == 2: 32 of 425 per warp step at rank 32).  grid = (ctas, 1, 1),
 block = (32 * warps, 1, 1), dynamic SMEM ``smem_bytes``,
 cluster (ksplit, 1, 1), programmatic dependent launch (PDL: ``griddepcontrol.wait`` before any
 global access, then ``launch_dependents``; docs/design.md section 6).  Preconditions (the loader checks
@@ -497,9 +497,9 @@ class _QuantizeAct:
         if smoothing:
             # reciprocals of smooth for the step's 64 k: lane l holds k = 2l, 2l + 1.  use_smooth == 1: the lane
             # makes them from the factors; == 2: the caller passed them, and the pair is used as loaded.  One loop
-            # serves both: ptxas keeps this a real branch around the reciprocal, so the second form runs 32
-            # instructions fewer per step (rank 32), while a third copy of the loop (measured, session 51) cost
-            # 60 % more quantize_act compile time for no faster step
+            # serves both: ptxas keeps this a real branch around the reciprocal (tests/test_quantize_compile.py),
+            # so the second form runs 32 instructions fewer per step at rank 32.  A third copy of the loop for it
+            # was no faster and cost 60 % more quantize_act compile time (docs/PERF.md, session 51)
             def _recip(v):
                 s_lo, s_hi = _f32_pair(v, dt)
                 return _pack_pair(_rcp16(s_lo), _rcp16(s_hi), dt)
