@@ -137,6 +137,24 @@ def test_the_sanitize_stage_runs_memcheck_then_racecheck_over_every_variant(tmp_
     assert "memcheck, every variant: exit 0" in summary and "racecheck, every variant: exit 0" in summary
 
 
+def test_a_dangling_artifacts_link_is_refused_before_any_step(tmp_path):
+    """The device tool carries an `artifacts` symlink without the folder it points to: `h200_all.sh` says so, names
+    the target and how to carry it, and exits 2 before it installs anything or runs a step."""
+    script = str(SCRIPTS[0].parent / "h200_all.sh")
+    path, calls = _stub_bin(tmp_path)
+    (tmp_path / "artifacts").symlink_to("artifacts_build_s99")
+    out = tmp_path / "out"
+    r = subprocess.run(["bash", script, "measures"], capture_output=True, text=True, cwd=tmp_path,
+                       env={"PATH": path, "OUT": str(out)})
+    assert r.returncode == 2
+    assert "'artifacts_build_s99', which is not here" in r.stderr and "ln -sfn FOLDER artifacts" in r.stderr
+    assert not calls.exists() or "python3" not in calls.read_text()
+    (tmp_path / "artifacts_build_s99").mkdir()                  # with the target there, the stage runs
+    r = subprocess.run(["bash", script, "measures"], capture_output=True, text=True, cwd=tmp_path,
+                       env={"PATH": path, "OUT": str(tmp_path / "out2")})
+    assert r.returncode == 0, r.stderr
+
+
 @pytest.mark.parametrize("with_ncu", [True, False])
 def test_the_measures_stage_benches_both_operators_and_profiles_the_small_m_kernels(tmp_path, with_ncu):
     """`h200_all.sh measures`: quantize_act's bench, the GEMM's in bf16 and fp16 at M = 16-9728 with plots, and (where

@@ -8,8 +8,7 @@
 #   svdq-aot build configs/tune.yaml -o artifacts/tune -j 2
 #   svdq-aot build configs/quant_sweep.yaml -o artifacts_sweep -j 2
 #   bash tools/fetch_wheels.sh                    # diffusers for the torch / FLUX checks -> .whl
-# then, with the device tool (carry: ["artifacts", "artifacts_sweep", ".whl"]; where `artifacts` is a symlink to a build
-# folder, it travels without its target: carry that folder instead and run `ln -sfn FOLDER artifacts` first):
+# then, with the device tool (carry: ["artifacts", "artifacts_sweep", ".whl"]; a symlink travels without its target):
 #   bash tools/h200_all.sh core      numerics of both operators, selftest of every variant, runtime + torch tests
 #   bash tools/h200_all.sh speed     the bench of both operators (--quick) and the quantize_act sweep
 #   bash tools/h200_all.sh fp8       the FP8-compute mode's tests
@@ -18,15 +17,21 @@
 #   bash tools/h200_all.sh gemm      after a GEMM-only change: its numerics, selftest, torch tests, GEMM bench
 #   bash tools/h200_all.sh measures  issue 5's and 7's measures: both operators' full bench (the GEMM in bf16 and fp16
 #                                    at M = 16-9728, with plots) and ncu of the small-M kernels (304 s, H200)
-# Each step has its own time budget; logs, JSON and tables land in $OUT, one verdict line per step in
-# $OUT/summary.txt. The device tool returns at most 8 files from $OUT: where a run that started in an empty $OUT
-# leaves more, they are packed into $OUT/results.tgz (summary.txt stays beside it).
+# Where `artifacts` is a symlink to a build folder, carry that folder and run `ln -sfn FOLDER artifacts` first (the
+# script refuses a symlink whose target is missing). Each step has its own time budget; logs, JSON and tables land in
+# $OUT, one verdict line per step in $OUT/summary.txt. The device tool returns at most 8 files from $OUT: where a run
+# that started in an empty $OUT leaves more, they are packed into $OUT/results.tgz (summary.txt stays beside it).
 set -uo pipefail
 OUT=${OUT:-/tmp/svdq-out}
 mkdir -p "$OUT"
 OUT_WAS_EMPTY=0; [ -z "$(ls -A "$OUT")" ] && OUT_WAS_EMPTY=1     # only then may the end pack (and remove) its files
 export PYTHONUNBUFFERED=1 SVDQ_REQUIRE_GPU=1 SVDQ_ARTIFACTS=artifacts
 START=$(date +%s)
+if [ -L artifacts ] && [ ! -e artifacts ]; then      # the device tool carries a symlink without its target
+    echo "h200_all.sh: 'artifacts' is a symlink to '$(readlink artifacts)', which is not here: carry that folder" \
+         "(the device tool carries a symlink without its target) and link it with 'ln -sfn FOLDER artifacts'" >&2
+    exit 2
+fi
 . "$(dirname "$0")/lib/device_step.sh"      # step NAME BUDGET_S LOG CMD...
 : >"$OUT/summary.txt"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { tail -20 "$OUT/install.log"; exit 1; }
