@@ -8,7 +8,7 @@
 #   svdq-aot build configs/tune.yaml -o artifacts/tune -j 2
 #   svdq-aot build configs/quant_sweep.yaml -o artifacts_sweep -j 2
 #   bash tools/fetch_wheels.sh                    # diffusers for the torch / FLUX checks -> .whl
-# then, with the device tool (carry: ["artifacts", "artifacts_sweep", ".whl"]; a symlink travels without its target):
+# then, with the device tool (carry: ["artifacts", "artifacts_sweep", ".whl"]):
 #   bash tools/h200_all.sh core      numerics of both operators, selftest of every variant, runtime + torch tests
 #   bash tools/h200_all.sh speed     the bench of both operators (--quick) and the quantize_act sweep
 #   bash tools/h200_all.sh fp8       the FP8-compute mode's tests
