@@ -238,3 +238,28 @@ def test_the_quant_ab_script_sweeps_both_folders_then_tests_the_experiment(tmp_p
     assert selftest[3] == exp and selftest[-2:] == ["--op", "quantize_act"]
     summary = (out / "summary.txt").read_text()
     assert all(f"{step}: exit 0" in summary for step in ("sweep", "tests", "selftest"))
+
+
+@pytest.mark.parametrize("gpu", ["NVIDIA H200, 580, 1980 MHz", "NVIDIA H100 80GB HBM3, 580, 1980 MHz"])
+def test_the_quantize_l1_call_selftests_and_sweeps_all_six_builds(tmp_path, gpu):
+    """tools/quant_l1_ab.sh PREFIX: the selftest of each of the six folders tools/quant_l1_builds.sh writes, then two
+    sweeps over all six in that order, then the stream probe on an H200 only; a missing folder is refused first."""
+    script = str(SCRIPTS[0].parent / "quant_l1_ab.sh")
+    names = [f"l1_{tag}" for tag in ("main", "m3", "cg", "na", "sec", "secna")]
+    path, calls = _stub_bin(tmp_path)
+    r = subprocess.run(["bash", script, str(tmp_path / "l1")], capture_output=True, text=True,
+                       env={"PATH": path, "OUT": str(tmp_path / "out")})
+    assert r.returncode == 2 and "l1_main has no manifest.json" in r.stderr and not calls.exists()
+    folders = _artifact_folders(tmp_path, names)
+    (tmp_path / "bin" / "nvidia-smi").write_text(f"#!/bin/bash\necho '{gpu}'\n")
+    r = subprocess.run(["bash", script, str(tmp_path / "l1")], capture_output=True, text=True,
+                       env={"PATH": path, "OUT": str(tmp_path / "out")})
+    assert r.returncode == 0, r.stderr
+    log = calls.read_text().splitlines()
+    tested = [line.split()[3] for line in log if "svdq_loader.testing.selftest" in line]
+    assert tested == folders
+    sweeps = [line.split() for line in log if "tools/quant_sweep.py" in line]
+    assert len(sweeps) == 2 and all(w[2:8] == folders and "--full-check" in w for w in sweeps)
+    assert any("tools/stream_probe.py" in line for line in log) == ("H200" in gpu)
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert summary.count("selftest ") == 6 and "sweep 2: exit 0" in summary

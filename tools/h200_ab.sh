@@ -22,14 +22,8 @@ if [ $# -lt 1 ]; then
     exit 2
 fi
 BASE=$1
-for A in "$@"; do
-    [ -f "$A/manifest.json" ] || { echo "h200_ab.sh: $A has no manifest.json (build it, then carry it)" >&2; exit 2; }
-done
-OUT=${OUT:-/tmp/svdq-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { tail -20 "$OUT/install.log"; exit 1; }
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
+. "$(dirname "$0")/lib/device_step.sh"      # device_setup SCRIPT FOLDER...
+device_setup h200_ab.sh "$@"
 TESTED=("${@:2}")
 if [ $# -eq 1 ] || [ "${SELFTEST_BASE:-0}" = 1 ]; then TESTED=("$BASE" "${@:2}"); fi
 if [ "${SELFTEST:-1}" = 0 ]; then TESTED=(); fi      # a first look: the sweep's output checks only

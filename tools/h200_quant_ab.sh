@@ -16,23 +16,9 @@ if [ $# -ne 2 ]; then
     echo "usage: h200_quant_ab.sh BASE EXP" >&2
     exit 2
 fi
-for A in "$@"; do
-    if [ ! -f "$A/manifest.json" ]; then
-        echo "h200_quant_ab.sh: $A has no manifest.json (build it, then carry it)" >&2
-        exit 2
-    fi
-done
 BASE=$1 EXP=$2
-OUT=${OUT:-/tmp/svdq-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-if ! python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1; then
-    tail -20 "$OUT/install.log"
-    exit 1
-fi
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
-: >"$OUT/summary.txt"
-. "$(dirname "$0")/lib/device_step.sh"      # step NAME BUDGET_S LOG CMD...
+. "$(dirname "$0")/lib/device_step.sh"      # step NAME BUDGET_S LOG CMD...; device_setup SCRIPT FOLDER...
+device_setup h200_quant_ab.sh "$@"
 step sweep "${T_SWEEP:-200}" sweep.txt python3 tools/quant_sweep.py "$BASE" "$EXP" --m "${SWEEP_M:-4608,2048,9216}" \
     --k "${SWEEP_K:-3072,12288,15360}" --ksplit 1 --ctas "${SWEEP_CTAS:-fill,auto}" --smooth 1 \
     --ranks "${SWEEP_RANKS:-16,32,64}" --full-check
