@@ -101,3 +101,19 @@ def test_l2_bytes_in_any_unit_over_the_kernel_time(unit, value):
     m["lts__t_bytes.sum"] = (unit, value)
     s = ncu_summary.summarize(ncu_summary.read_launches(_log([("1", GEMM, m)]))[0])
     assert s["l2"] == pytest.approx(47.6) and s["l2_tbs"] == pytest.approx(301.26e6 / 72.608e-6 / 1e12)
+
+
+def test_show_prints_named_metrics_after_each_row_as_logged(tmp_path):
+    """--show: after a launch's row, each named metric as ncu logged it ("name = value unit"), and a metric the log
+    lacks says so (the quantize_act L1 call reads the L1 hit rate and the SMEM carveout this way)."""
+    m = _gemm_metrics()
+    m["l1tex__t_sector_hit_rate.pct"] = ("%", "38.21")
+    log = tmp_path / "ncu.csv"
+    log.write_text(_log([("0", GEMM, m)]))
+    r = subprocess.run([sys.executable, str(TOOL), str(log), "--show",
+                        "l1tex__t_sector_hit_rate.pct,launch__shared_mem_config_size"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("| ") and " | 0 | gemm_w4a4 tilem256 " in lines[0]
+    assert lines[1:] == ["    l1tex__t_sector_hit_rate.pct = 38.21 %",
+                         "    launch__shared_mem_config_size = (not in the log)"]

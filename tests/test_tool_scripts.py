@@ -240,13 +240,16 @@ def test_the_quant_ab_script_sweeps_both_folders_then_tests_the_experiment(tmp_p
     assert all(f"{step}: exit 0" in summary for step in ("sweep", "tests", "selftest"))
 
 
-@pytest.mark.parametrize("gpu", ["NVIDIA H200, 580, 1980 MHz", "NVIDIA H100 80GB HBM3, 580, 1980 MHz"])
-def test_the_quantize_l1_call_selftests_and_sweeps_all_six_builds(tmp_path, gpu):
+@pytest.mark.parametrize("gpu, ncu", [("NVIDIA H200, 580, 1980 MHz", True),
+                                      ("NVIDIA H100 80GB HBM3, 580, 1980 MHz", False)])
+def test_the_quantize_l1_call_selftests_and_sweeps_all_six_builds(tmp_path, gpu, ncu):
     """tools/quant_l1_ab.sh PREFIX: the selftest of each of the six folders tools/quant_l1_builds.sh writes, then two
-    sweeps over all six in that order, then the stream probe on an H200 only; a missing folder is refused first."""
+    sweeps over all six in that order, between them (where ncu exists) one profiled K = 12288 launch of main's
+    four-warp kernel and of three five-warp kernels, then the stream probe on an H200 only; a missing folder is
+    refused first."""
     script = str(SCRIPTS[0].parent / "quant_l1_ab.sh")
     names = [f"l1_{tag}" for tag in ("main", "m3", "cg", "na", "sec", "secna")]
-    path, calls = _stub_bin(tmp_path)
+    path, calls = _stub_bin(tmp_path, ncu=ncu)
     r = subprocess.run(["bash", script, str(tmp_path / "l1")], capture_output=True, text=True,
                        env={"PATH": path, "OUT": str(tmp_path / "out")})
     assert r.returncode == 2 and "l1_main has no manifest.json" in r.stderr and not calls.exists()
@@ -258,8 +261,20 @@ def test_the_quantize_l1_call_selftests_and_sweeps_all_six_builds(tmp_path, gpu)
     log = calls.read_text().splitlines()
     tested = [line.split()[3] for line in log if "svdq_loader.testing.selftest" in line]
     assert tested == folders
-    sweeps = [line.split() for line in log if "tools/quant_sweep.py" in line]
+    sweeps = [line.split() for line in log if line.startswith("python3 tools/quant_sweep.py")]
     assert len(sweeps) == 2 and all(w[2:8] == folders and "--full-check" in w for w in sweeps)
     assert any("tools/stream_probe.py" in line for line in log) == ("H200" in gpu)
+    profiled = [line.split() for line in log if line.startswith("ncu ")]
+    if ncu:
+        picks = [(w[w.index("-k") + 1], w[w.index("tools/quant_sweep.py") + 1]) for w in profiled]
+        assert picks == [("regex:quantize_act.*_warps4_", folders[0]), ("regex:quantize_act.*_warps5_", folders[1]),
+                         ("regex:quantize_act.*_warps5_", folders[4]), ("regex:quantize_act.*_warps5_", folders[5])]
+        assert all("--clock-control" in w and "12288" in w and "l1tex__t_sector_hit_rate.pct" in " ".join(w)
+                   for w in profiled)
+        sweep_lines = [i for i, line in enumerate(log) if line.startswith("python3 tools/quant_sweep.py")]
+        ncu_lines = [i for i, line in enumerate(log) if line.startswith("ncu ")]
+        assert sweep_lines[0] < min(ncu_lines) and max(ncu_lines) < sweep_lines[1]
+    else:
+        assert profiled == []
     summary = (tmp_path / "out" / "summary.txt").read_text()
     assert summary.count("selftest ") == 6 and "sweep 2: exit 0" in summary

@@ -4,6 +4,8 @@
         python3 tools/sm90_one_call.py --m 256,64,16 --k 3072 --n 3072 > ncu.csv
     python3 tools/ncu_summary.py ncu.csv [--label "(3072, 3072)"] [--header]
     python3 tools/ncu_summary.py --header        (the header alone, for a table of several logs)
+    python3 tools/ncu_summary.py ncu.csv --show l1tex__t_sector_hit_rate.pct   (after each row, these metrics as
+                                                                                  logged: "name = value unit")
 
 The log may hold the profiled program's own lines before ncu's CSV; they are skipped. "SMs active" is
 `sm__cycles_active.avg` over `sm__cycles_elapsed.avg` (the share of the kernel's cycles an average SM had work);
@@ -122,6 +124,7 @@ def main(argv=None) -> int:
     ap.add_argument("--label", default="", help="the first column of every row (e.g. the problem)")
     ap.add_argument("--header", action="store_true", help="print the table's header first (alone, without a log)")
     ap.add_argument("--metrics", action="store_true", help="print the --metrics list this tool reads, and exit")
+    ap.add_argument("--show", default="", help="comma list of more metrics to print after each row, as logged")
     a = ap.parse_args(argv)
     if a.metrics:
         print(",".join(METRICS))
@@ -141,6 +144,9 @@ def main(argv=None) -> int:
         print(HEADER)
     for launch in launches:
         print(row(summarize(launch), a.label))
+        for name in filter(None, a.show.split(",")):
+            value, unit = launch["metrics"].get(name, ("(not in the log)", ""))
+            print(f"    {name} = {value} {unit}".rstrip())
     return 0
 
 
