@@ -27,11 +27,9 @@ OP = "quantize_act"
 ARCHS = ("sm_90a", "sm_100a", "sm_103a", "sm_120a", "sm_121a")
 NAME = "quantize_act"
 
-#: This family's tuning knobs: warps per CTA (they split K) and 16-row m-tiles per warp.  Five warps serve the
-#: experiment builds of docs/PERF.md (sessions 52-54: more resident warps at three CTAs per SM, which needs
-#: ``SVDQ_KERNEL_QUANT_MINCTAS=3``); no shipped config builds them.
+#: This family's tuning knobs: warps per CTA (they split K) and 16-row m-tiles per warp.
 TUNING: dict[str, tuple] = dict(
-    warps=(2, 4, 5, 8),
+    warps=(2, 4, 8),
     mtiles=(1, 2),
 )
 DEFAULT_TUNING = dict(warps=4, mtiles=1)

@@ -116,13 +116,12 @@ from svdq_loader.ops.ranges import cta_of_unit, range_start, workspace_counter_b
 
 from .quantize_plan import (STEP_K, _RS_BYTES, _SM_STAGE_BYTES, _Cfg, _epilogue_bytes, _lora_bufs, _lora_copy_slot,
                             _lora_tiles_bytes, _ldsm_row, _pitch, _rs_chunk, _smem_bytes, _srow, _sums_per_thread,
-                            _uses_ring, _warp_smem, _x_loads, _x_stage_bytes, _x_stages, _x_swap,
-                            min_ctas_per_sm)
+                            _uses_ring, _warp_smem, _x_stage_bytes, _x_stages, min_ctas_per_sm)
 from .quantize_ptx import (_asm, _ld_v4, _ld_pred_u32, _f32_pair, _pack_pair, _mul_pair, _sts_u32, _rcp16, _div6,
                            _amax_pairs, _thresholds, _code_pair, _bytes4, _e4m3_pair, _st_v2_pred, _st_u8_pred,
                            _st_u32_pred, _cp_async16, _cp_async16_cg, _cp_async4, _lds_v4, _lds_u32, _cp_commit,
                            _cp_wait, _sts_v2, _sts_f, _ld_cluster_v2f, _arrive, _fence_gpu, _st_v2f_pred,
-                           _ld_relaxed_v2f, _st_u64, _lds_v2f, _ldsm_x4_t, _mma, _shfl_bfly1)
+                           _ld_relaxed_v2f, _st_u64, _lds_v2f, _ldsm_x4_t, _mma)
 
 _DT = {"bf16": BFloat16, "fp16": Float16}
 _ONE_PAIR = {"bf16": 0x3F803F80, "fp16": 0x3C003C00}   # (1.0, 1.0) in the 16-bit type
@@ -131,34 +130,6 @@ _ONE_PAIR = {"bf16": 0x3F803F80, "fp16": 0x3C003C00}   # (1.0, 1.0) in the 16-bi
 #: (tools/quant_timeline.py reads them).  A kernel build switch: it enters the cache key and the build fingerprint
 #: (svdq_aot.cache), so such cubins are never mixed with plain ones.
 _PROBE = os.environ.get("SVDQ_KERNEL_QUANT_PROBE") == "1"
-
-
-def _switch(name: str, default: str, allowed: tuple) -> str:
-    v = os.environ.get(name, default)
-    if v not in allowed:
-        raise ValueError(f"{name}={v!r}: must be one of {', '.join(allowed)}")
-    return v
-
-
-#: Experiment build switches: what the L1 does for this kernel (docs/PERF.md, sessions 53-54).  Like every
-#: ``SVDQ_KERNEL_*`` switch they enter the cache key and the manifest.  Their defaults build the shipped kernel byte
-#: for byte (compared when they were added, docs/PERF.md session 54; tests/test_quantize_switches.py checks that a
-#: default build shows none of them in its SASS).  They change the register form only (not rank 96's x ring):
-#: * ``SVDQ_KERNEL_QUANT_XLOAD``: ``halves`` (default): lane t's two 16-byte loads of a row are the two halves of its
-#:   own 16-k group, one 32-byte sector, so the second load finds the sector in L1 only if the first left it there;
-#:   ``sectors``: each load instruction reads whole sectors -- lanes t and t ^ 1 load the two halves of group t & 2,
-#:   then of group (t & 2) + 1 -- and at the top of the next step each lane sends its partner the half that belongs
-#:   to it (``shfl.sync.bfly`` 1, three selects per word), so every lane again holds its own group.
-#: * ``SVDQ_KERNEL_QUANT_XCACHE``: ``allocate`` (default) or ``no_allocate`` (``L1::no_allocate`` on x's loads).
-#: * ``SVDQ_KERNEL_QUANT_LORACACHE``: ``ca`` (default: ``lora_down`` tiles copied through L1, where co-resident CTAs
-#:   find them) or ``cg`` (through L2 only).
-#: * ``SVDQ_KERNEL_QUANT_MINCTAS``: unset (default: ``quantize_plan.min_ctas_per_sm``) or an integer 0-8, the
-#:   ``.minnctapersm`` of every variant (five warps at 3 per SM take 128 registers).
-_XLOAD = _switch("SVDQ_KERNEL_QUANT_XLOAD", "halves", ("halves", "sectors"))
-_XCACHE = _switch("SVDQ_KERNEL_QUANT_XCACHE", "allocate", ("allocate", "no_allocate"))
-_LORACACHE = _switch("SVDQ_KERNEL_QUANT_LORACACHE", "ca", ("ca", "cg"))
-_MINCTAS = _switch("SVDQ_KERNEL_QUANT_MINCTAS", "", ("",) + tuple(str(i) for i in range(9)))
-_X_HINT_OF = {"allocate": "", "no_allocate": ".L1::no_allocate"}
 
 
 # ---------------------------------------------------------------------------
@@ -182,11 +153,7 @@ class _QuantizeAct:
         self.xstage = _x_stage_bytes(cfg)
         self.smem_bytes = _smem_bytes(cfg)
         self.lbufs = _lora_bufs(cfg)
-        self.min_ctas = int(_MINCTAS) if _MINCTAS else min_ctas_per_sm(cfg, arch)
-        # the register form's x loads (see _XLOAD and quantize_plan._x_loads): the second load's offset
-        self.sectors = _XLOAD == "sectors" and not self.ring
-        self.x_hint = "" if self.ring else _X_HINT_OF[_XCACHE]
-        self.x_hv = _x_loads(0, self.sectors)[1] - _x_loads(0, self.sectors)[0]
+        self.min_ctas = min_ctas_per_sm(cfg, arch)
 
     @cute.jit
     def __call__(self, x: cute.Pointer, smooth: cute.Pointer, lora_down: cute.Pointer, act: cute.Pointer,
@@ -268,7 +235,7 @@ class _QuantizeAct:
                     rowv.append(r)
                     valid.append(Int32(r < m))
                     rc = cutlass.min(r, m - 1)                         # clamp: never read past row m-1
-                    xrow.append(rc * k + _x_loads(t, self.sectors)[0])      # element offset (M*K < 2^31)
+                    xrow.append(rc * k + 16 * t)                       # element offset (M*K < 2^31)
                 c = self._Ctx()
                 s_last = hi - 1                                        # the last step of this CTA's part
                 vals = dict(vw=vw, WS=WS, warp=warp, lane=lane, g=g, t=t, m=m, k=k, nsteps=nsteps, kg=kg,
@@ -303,7 +270,7 @@ class _QuantizeAct:
                     s0 = cutlass.min(vw, s_last)
                     for q in cutlass.range_constexpr(NG):
                         for hv in cutlass.range_constexpr(2):
-                            v = _ld_v4(xb + Int64(xrow[q] + s0 * STEP_K + self.x_hv * hv) * 2, hint=self.x_hint)
+                            v = _ld_v4(xb + Int64(xrow[q] + s0 * STEP_K + 8 * hv) * 2)
                             for i in cutlass.range_constexpr(4):
                                 nxt[q * 8 + hv * 4 + i] = v[i]
                     sm_nxt[0] = _ld_pred_u32(smooth.toint() + (Int64(s0) * STEP_K + Int64(2 * lane)) * 2, use_smooth,
@@ -466,21 +433,13 @@ class _QuantizeAct:
             gb = c.lgb + Int64(step) * (STEP_K * R * 2)
             for i in range((STEP_K * c.nchunk) // 32):
                 kk_i, _ = _lora_copy_slot(0, i, c.nchunk)             # the copy's part (lane 0 adds 0)
-                self._cp_lora(sb + _srow(kk_i) * P, gb + kk_i * R * 2)
+                _cp_async16(sb + _srow(kk_i) * P, gb + kk_i * R * 2)
             return
         for i in range((STEP_K * c.nchunk) // 32):
             ch = c.lane + 32 * i
             kk = ch // c.nchunk
             cc = ch % c.nchunk
-            self._cp_lora(nb + _srow(kk) * P + cc * 16, c.ldb + ((Int64(step) * STEP_K + Int64(kk)) * R + cc * 8) * 2)
-
-    @staticmethod
-    def _cp_lora(saddr, gaddr):
-        """One 16-byte lora_down copy, through L1 or not (see _LORACACHE)."""
-        if _LORACACHE == "cg":
-            _cp_async16_cg(saddr, gaddr)
-        else:
-            _cp_async16(saddr, gaddr)
+            _cp_async16(nb + _srow(kk) * P + cc * 16, c.ldb + ((Int64(step) * STEP_K + Int64(kk)) * R + cc * 8) * 2)
 
     def _step(self, c, it, s, smoothing):
         """One K step of one warp (plain Python at trace time); smoothing: trace the x / smooth path.
@@ -519,21 +478,13 @@ class _QuantizeAct:
         else:
             nxt, sm_nxt = c.nxt, c.sm_nxt
             cur = [nxt[i] for i in range(NG * 8)]
-            if self.sectors:
-                # words 0-3 of a row came from the first load, 4-7 from the second (quantize_plan._x_loads): each
-                # lane keeps its own group's, and lane t ^ 1 sends it the other half of that group
-                odd = (c.t & 1) != 0
-                for q in range(NG):
-                    for i in range(4):
-                        cur[q * 8 + i], cur[q * 8 + 4 + i] = _x_swap(odd, cur[q * 8 + i], cur[q * 8 + 4 + i],
-                                                                     _shfl_bfly1, cutlass.select_)
             sm_cur = sm_nxt[0]
             cute.arch.sync_warp()                         # everyone is done with the last rs / tile reads
             # the next step's x and smooth into registers (clamped: the last step is re-read, harmlessly)
             sn = cutlass.min(s + c.WS, c.s_last)
             for q in range(NG):
                 for hv in range(2):
-                    v = _ld_v4(c.xb + Int64(c.xrow[q] + sn * STEP_K + self.x_hv * hv) * 2, hint=self.x_hint)
+                    v = _ld_v4(c.xb + Int64(c.xrow[q] + sn * STEP_K + 8 * hv) * 2)
                     for i in range(4):
                         nxt[q * 8 + hv * 4 + i] = v[i]
             if smoothing:

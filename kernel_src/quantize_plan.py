@@ -206,25 +206,6 @@ def _ldsm_row(mv):
     return (mv >> 1) + 4 * (mv & 1)
 
 
-def _x_loads(t, sectors: bool):
-    """Element offsets, within a row's 64-k step, of the two 16-byte x loads of lane column t (the register form).
-    ``halves`` (sectors False): the two halves of t's own group [16t, 16t + 16).  ``sectors``: half t & 1 of
-    group t & 2, then of group (t & 2) + 1, so lanes t and t ^ 1 read whole 32-byte sectors with each load; the
-    lane keeps the load of its own group (the first for even t, the second for odd t), and its partner sends it the
-    other half (`_x_swap`).  Plain ints and DSL integers alike."""
-    if not sectors:
-        return 16 * t, 16 * t + 8
-    first = 16 * (t & 2) + 8 * (t & 1)
-    return first, first + 16
-
-
-def _x_swap(odd: bool, a, b, exchange, select):
-    """Lane (parity odd) held words a (first load) and b (second load) of `_x_loads` ``sectors``; returns its own
-    group's (half 0, half 1) words.  exchange(v): lane t ^ 1's v; select(p, x, y): x where p else y."""
-    got = exchange(select(odd, a, b))
-    return select(odd, got, a), select(odd, b, got)
-
-
 def _lora_copy_slot(lane, i, nchunk: int):
     """(lora_down row kk of the step, 16-byte chunk c) that `lane` copies with the i-th of a step's 2 * nchunk
     copies, for R / 8 = nchunk a power of two: chunk lane + 32 i of the tile, so a copy's 8 consecutive lanes

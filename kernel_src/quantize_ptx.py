@@ -36,9 +36,8 @@ def _asm(ptx: str, outs: tuple, ins: list, cons: str, side: bool = False):
     return tuple(o(llvm.extractvalue(o.mlir_type, r, [i])) for i, o in enumerate(outs))
 
 
-def _ld_v4(addr, side=False, hint=_X_HINT):
-    """16 bytes through the non-coherent path; hint: "" (allocate in L1) or ".L1::no_allocate"."""
-    return _asm(f"ld.global.nc{hint}.v4.u32 {{$0, $1, $2, $3}}, [$4];",
+def _ld_v4(addr, side=False):
+    return _asm(f"ld.global.nc{_X_HINT}.v4.u32 {{$0, $1, $2, $3}}, [$4];",
                 (Int32, Int32, Int32, Int32), [addr], "=r,=r,=r,=r,l", side)
 
 
@@ -73,11 +72,6 @@ def _mul_pair(a, b, dtype: str):
     inf): the exact product of two 16-bit values, rounded once (``mul.rn.bf16x2`` / ``mul.rn.f16x2``)."""
     ty = "bf16x2" if dtype == "bf16" else "f16x2"
     return _asm(f"mul.rn.{ty} $0, $1, $2;", (Int32,), [a, b], "=r,r,r")
-
-
-def _shfl_bfly1(v):
-    """The value of lane ^ 1 (every lane of the warp takes part)."""
-    return _asm("shfl.sync.bfly.b32 $0, $1, 1, 0x1f, 0xffffffff;", (Int32,), [v], "=r,r", True)
 
 
 def _sts_u32(saddr, v):

@@ -105,7 +105,7 @@ def test_l2_bytes_in_any_unit_over_the_kernel_time(unit, value):
 
 def test_show_prints_named_metrics_after_each_row_as_logged(tmp_path):
     """--show: after a launch's row, each named metric as ncu logged it ("name = value unit"), and a metric the log
-    lacks says so (the quantize_act L1 call reads the L1 hit rate and the SMEM carveout this way)."""
+    lacks says so (docs/PERF.md session 54 read quantize_act's L1 hit rate and SMEM carveout this way)."""
     m = _gemm_metrics()
     m["l1tex__t_sector_hit_rate.pct"] = ("%", "38.21")
     log = tmp_path / "ncu.csv"

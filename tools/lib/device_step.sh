@@ -1,4 +1,4 @@
-# Sourced by the device-call scripts (tools/h200_all.sh, h200_ab.sh, h200_quant_ab.sh, quant_l1_ab.sh), not run alone.
+# Sourced by the device-call scripts (tools/h200_all.sh, h200_ab.sh, h200_quant_ab.sh), not run alone.
 # step NAME BUDGET_S LOG CMD...: CMD under its own time budget, its output in $OUT/LOG; one verdict line per step
 # appended to $OUT/summary.txt (and shown), then the log's pass / fail lines (none is no failure).
 step() {
