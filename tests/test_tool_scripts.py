@@ -238,4 +238,3 @@ def test_the_quant_ab_script_sweeps_both_folders_then_tests_the_experiment(tmp_p
     assert selftest[3] == exp and selftest[-2:] == ["--op", "quantize_act"]
     summary = (out / "summary.txt").read_text()
     assert all(f"{step}: exit 0" in summary for step in ("sweep", "tests", "selftest"))
-
