@@ -32,9 +32,9 @@ if [ -L artifacts ] && [ ! -e artifacts ]; then      # the device tool carries a
          "(the device tool carries a symlink without its target) and link it with 'ln -sfn FOLDER artifacts'" >&2
     exit 2
 fi
-. "$(dirname "$0")/lib/device_step.sh"      # step NAME BUDGET_S LOG CMD...
+. "$(dirname "$0")/lib/device_step.sh"      # step NAME BUDGET_S LOG CMD...; install_checkout
 : >"$OUT/summary.txt"
-python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { tail -20 "$OUT/install.log"; exit 1; }
+install_checkout
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         >"$OUT/wheels.log" 2>&1 && export PYTHONPATH=/tmp/site

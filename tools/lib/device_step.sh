@@ -11,9 +11,16 @@ step() {
     grep -E "passed|failed|^(FAILED|ERROR)" "$OUT/$log" | tail -6 | sed 's/^/    /' || true
 }
 
+# install_checkout: install this checkout into the device's Python, its log in $OUT/install.log (exit 1 with the
+# log's tail if that fails).
+install_checkout() {
+    python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 \
+        || { tail -20 "$OUT/install.log"; exit 1; }
+}
+
 # device_setup SCRIPT FOLDER...: refuse (exit 2) unless every FOLDER holds a manifest.json, then make $OUT (default
-# /tmp/svdq-out), install this checkout into the device's Python (exit 1 with the log's tail if that fails), write
-# the GPU's name, driver and clock to $OUT/gpu.txt (and show it) and start an empty $OUT/summary.txt.
+# /tmp/svdq-out), install_checkout, write the GPU's name, driver and clocks (current, max) to $OUT/gpu.txt (and show
+# it) and start an empty $OUT/summary.txt.
 device_setup() {
     local script=$1; shift
     local a
@@ -23,8 +30,8 @@ device_setup() {
     OUT=${OUT:-/tmp/svdq-out}
     mkdir -p "$OUT"
     export PYTHONUNBUFFERED=1
-    python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 \
-        || { tail -20 "$OUT/install.log"; exit 1; }
-    nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | head -1 | tee "$OUT/gpu.txt"
+    install_checkout
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | head -1 \
+        | tee "$OUT/gpu.txt"
     : >"$OUT/summary.txt"
 }
