@@ -9,6 +9,9 @@ once per row of the table, and with --full-check every row's codes and scales
 and lora_act_in against the torch version as well.  Times CUDA graphs of the
 calls, as `svdq-aot bench` does (--timer loop: plain launches from Python, whose
 own cost per call, several µs, then bounds what a short kernel can show).
+After the table of every timing, a second one: each folder's fastest schedule (grid,
+split, carveout) per problem (rank, M, K, smoothing form), and its time x the first
+folder's fastest on the same problem -- the A/B of two builds in one table.
 """
 from __future__ import annotations
 
@@ -54,10 +57,51 @@ def main() -> None:
           "|---|---|---|---|---|---|---|---|---|---|---|")
     ranks = {int(r) for r in a.ranks.split(",") if r}
     bench.warm_gpu()
+    timed: list[dict] = []
     for art in a.artifacts:
         lib = svdq_loader.load(art)
         for e in lib.variants:
-            _time_variant(a, art, lib, e, ranks, copies)
+            _time_variant(a, art, lib, e, ranks, copies, timed)
+    print()
+    print(best_table(timed))
+
+
+def best_rows(timed: list[dict]) -> list[dict]:
+    """The fastest row of each folder per problem (rank, m, k, smooth) among `timed` (dicts with those keys and
+    folder, us, ksplit, ctas, carveout, exact), the problems in the order first timed and the folders in the order
+    given; each with ``ratio``: its µs over the first folder's best on the same problem (None where that folder
+    has none).  A row whose output was not exact never counts as the fastest: it is left out."""
+    folders: list[str] = []
+    best: dict = {}
+    for row in timed:
+        if row["folder"] not in folders:
+            folders.append(row["folder"])
+        if not row["exact"]:
+            continue
+        key = (row["rank"], row["m"], row["k"], row["smooth"])
+        cur = best.setdefault(key, {}).get(row["folder"])
+        if cur is None or row["us"] < cur["us"]:
+            best[key][row["folder"]] = row
+    out = []
+    for key, by_folder in best.items():
+        base = by_folder.get(folders[0])
+        for f in folders:
+            if f in by_folder:
+                r = dict(by_folder[f])
+                r["ratio"] = r["us"] / base["us"] if base else None
+                out.append(r)
+    return out
+
+
+def best_table(timed: list[dict]) -> str:
+    """`best_rows` as a markdown table."""
+    lines = ["| folder | R | M | K | smooth | µs (fastest) | ksplit | ctas | carveout % | × first folder |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in best_rows(timed):
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        lines.append(f"| {r['folder']} | {r['rank']} | {r['m']} | {r['k']} | {r['smooth']} | {r['us']:.1f} | "
+                     f"{r['ksplit']} | {r['ctas']} | {r['carveout']} | {ratio} |")
+    return "\n".join(lines)
 
 
 def grid_for(ln, form: str, m: int, k: int, r: int, ks: int) -> tuple[int, int]:
@@ -144,7 +188,7 @@ def graph_time(ln, calls) -> float:
     return res["us"]
 
 
-def _time_variant(a, art, lib, e, ranks, copies):
+def _time_variant(a, art, lib, e, ranks, copies, timed):
     if e.op != "quantize_act" or e.arch != "sm_90a":
         return
     r = e.knobs["rank"]
@@ -179,6 +223,8 @@ def _time_variant(a, art, lib, e, ranks, copies):
             short = (art.rstrip("/").split("/")[-1] + ":" if len(a.artifacts) > 1 else "") + e.name.split("_sm90a_")[1]
             print(f"| {short} | {mm} | {k} | {r} | {int(smooth_on)} | {ks_used} | {ctas} | {cv} | {us:.1f} | "
                   f"{nbytes / us / 1e3:.0f} | {'yes' if exact else 'NO'} |", flush=True)
+            timed.append(dict(folder=art.rstrip("/").split("/")[-1], rank=r, m=mm, k=k, smooth=int(smooth_on),
+                              ksplit=ks_used, ctas=ctas, carveout=cv, us=us, exact=bool(exact)))
 
 
 if __name__ == "__main__":
