@@ -121,7 +121,7 @@ from .quantize_ptx import (_asm, _ld_v4, _ld_pred_u32, _f32_pair, _pack_pair, _m
                            _amax_pairs, _thresholds, _code_pair, _bytes4, _e4m3_pair, _st_v2_pred, _st_u8_pred,
                            _st_u32_pred, _cp_async16, _cp_async16_cg, _cp_async4, _lds_v4, _lds_u32, _cp_commit,
                            _cp_wait, _sts_v2, _sts_f, _ld_cluster_v2f, _arrive, _fence_gpu, _st_v2f_pred,
-                           _ld_relaxed_v2f, _st_u64, _lds_v2f, _ldsm_x4_t, _mma)
+                           _ld_relaxed_v2f, _st_u64, _lds_v2f, _ldsm_x4_t, _mma, _abs_pair)
 
 _DT = {"bf16": BFloat16, "fp16": Float16}
 _ONE_PAIR = {"bf16": 0x3F803F80, "fp16": 0x3C003C00}   # (1.0, 1.0) in the 16-bit type
@@ -130,6 +130,12 @@ _ONE_PAIR = {"bf16": 0x3F803F80, "fp16": 0x3C003C00}   # (1.0, 1.0) in the 16-bi
 #: (tools/quant_timeline.py reads them).  A kernel build switch: it enters the cache key and the build fingerprint
 #: (svdq_aot.cache), so such cubins are never mixed with plain ones.
 _PROBE = os.environ.get("SVDQ_KERNEL_QUANT_PROBE") == "1"
+#: Experiment builds only: SVDQ_KERNEL_QUANT_ABS=fp16 at build time makes the fp16 variants take |x̂| as a packed
+#: ``abs.f16x2`` instead of a sign mask (a LOP3), which ptxas folds into the maxima and compares that read it (an
+#: operand modifier): 16 fewer instructions per step, and fewer registers (docs/PERF.md, session 55; not yet timed).
+#: It leaves the bf16 variants as they are: ptxas folds no ``abs.bf16x2``.  Read per kernel object, so a test can
+#: set it; like every SVDQ_KERNEL_* switch it enters the build cache key.
+ABS_ENV = "SVDQ_KERNEL_QUANT_ABS"
 
 
 # ---------------------------------------------------------------------------
@@ -154,6 +160,7 @@ class _QuantizeAct:
         self.smem_bytes = _smem_bytes(cfg)
         self.lbufs = _lora_bufs(cfg)
         self.min_ctas = min_ctas_per_sm(cfg, arch)
+        self.abs_pair = os.environ.get(ABS_ENV, "") == "fp16" and cfg.dtype == "fp16"
 
     @cute.jit
     def __call__(self, x: cute.Pointer, smooth: cute.Pointer, lora_down: cute.Pointer, act: cute.Pointer,
@@ -523,7 +530,10 @@ class _QuantizeAct:
             else:
                 wq = [cur[q * 8 + i] for i in range(8)]
             xh.append(wq)
-            aws.append([w & Int32(0x7FFF7FFF) for w in wq])
+            if cutlass.const_expr(self.abs_pair):
+                aws.append([_abs_pair(w, dt) for w in wq])
+            else:
+                aws.append([w & Int32(0x7FFF7FFF) for w in wq])
             amaxes.append(_amax_pairs(aws[-1], dt))
 
         # ---- scales and codes ------------------------------------------------

@@ -376,3 +376,33 @@ def test_skipped_by_branch_reader(branch, skips):
     assert len(ins) == 8
     assert skipped_by_branch(ins, 0x0, 0x70, r"MUFU\.RCP64H|\bDFMA\b") is skips
     assert skipped_by_branch(ins, 0x0, 0x70, r"\bHMMA\b") is False         # nothing matches: no claim
+
+
+def test_the_packed_abs_switch_changes_the_fp16_kernels_only(compiled, tmp_path, monkeypatch):
+    """`SVDQ_KERNEL_QUANT_ABS=fp16` (an experiment build switch, off in every shipped build): the fp16 variants take
+    |x̂| as ``abs.f16x2``, which ptxas folds into the maxima and compares as an operand modifier, so the step loop
+    loses the 16 sign masks; the bf16 variants are built as without it (docs/PERF.md, session 55)."""
+    from svdq_kernels import quantize_kernel as qk
+
+    def build(arch, dt, r):
+        knobs = _knobs(arch, dt, r)
+        d = tmp_path / f"{dt}{r}"
+        d.mkdir()
+        ck = fam.compile(arch, knobs, variant_name("quantize_act", arch, knobs), str(d), keep_ptx=True)
+        (d / "k.cubin").write_bytes(ck.cubin)
+        return ck, str(d / "k.cubin")
+
+    _, base, base_path = compiled[("sm_90a", "fp16", 0)]
+    assert "abs.f16x2" not in base.ptx                       # without the switch: the shipped sign mask
+    monkeypatch.setenv(qk.ABS_ENV, "fp16")
+    ck, path = build("sm_90a", "fp16", 0)
+    assert "abs.f16x2" in ck.ptx
+    sass, base_sass = dump_sass(path), dump_sass(base_path)
+    if sass is None or base_sass is None:
+        pytest.skip("cuobjdump / nvdisasm not available")
+    loop, base_loop = loops(instructions(sass))[0], loops(instructions(base_sass))[0]
+    assert loop["instructions"] <= base_loop["instructions"] - 12, (loop, base_loop)
+    assert "|R" in sass and "|R" not in base_sass            # the abs rides on its readers' operands
+    _, bf_base, _ = compiled[("sm_90a", "bf16", 32)]
+    bf, _ = build("sm_90a", "bf16", 32)
+    assert bf.ptx == bf_base.ptx and bf.cubin == bf_base.cubin

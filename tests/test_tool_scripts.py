@@ -227,13 +227,14 @@ def test_the_quant_ab_script_sweeps_both_folders_then_tests_the_experiment(tmp_p
     path, calls = _stub_bin(tmp_path)
     out = tmp_path / "out"
     r = subprocess.run(["bash", script, base, exp], capture_output=True, text=True,
-                       env={"PATH": path, "OUT": str(out), "SWEEP_RANKS": "32"})
+                       env={"PATH": path, "OUT": str(out), "SWEEP_RANKS": "32", "SWEEP_DTYPE": "fp16"})
     assert r.returncode == 0, r.stderr
     log = [line for line in calls.read_text().splitlines() if "pip install" not in line]
     assert len(log) == 3
     sweep, tests, selftest = (line.split() for line in log)
     assert sweep[1] == "tools/quant_sweep.py" and sweep[2:4] == [base, exp] and "--full-check" in sweep
-    assert sweep[sweep.index("--ranks") + 1] == "32"
+    assert sweep[sweep.index("--ranks") + 1] == "32" and sweep[sweep.index("--dtype") + 1] == "fp16"
+    assert sweep[sweep.index("--smooth") + 1] == "1"           # the default smoothing form
     assert tests[1:4] == ["-m", "pytest", "-q"] and "tests/test_gpu_quantize.py" in tests
     assert selftest[3] == exp and selftest[-2:] == ["--op", "quantize_act"]
     summary = (out / "summary.txt").read_text()

@@ -1,7 +1,8 @@
 """Time every built quantize_act variant of an artifact set on this GPU (tuning data for docs/PERF.md).
 
     python3 tools/quant_sweep.py ARTIFACTS [--m 4608,1024] [--k 3072,15360] [--ksplit 1,2,4] [--smooth 0,1,2]
-        [--ranks 0,32] [--ctas tiles,fill,2fill,auto] [--carveout -1,100] [--full-check] [--timer graph|loop]
+        [--ranks 0,32] [--ctas tiles,fill,2fill,auto] [--carveout -1,100] [--dtype bf16|fp16] [--full-check]
+        [--timer graph|loop]
 
 Bypasses selection (each variant's launcher is driven directly); checks every
 variant's codes and scales of the first 64 rows against the exact reference
@@ -26,6 +27,8 @@ from svdq_loader.testing import bench
 from svdq_loader.testing import torch_quant as tq
 from svdq_loader.testing.quantize_ref import quantize_act_ref_torch
 
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -49,6 +52,8 @@ def main() -> None:
     ap.add_argument("--timer", choices=("graph", "loop"), default="graph",
                     help="graph: median of CUDA-graph replays of the calls (the GPU's time, as the bench); loop: "
                          "median of back-to-back plain launches from Python (bounded below by their host cost)")
+    ap.add_argument("--dtype", choices=tuple(_DTYPES), default="bf16",
+                    help="the activations' dtype: only the variants built for it are timed (default bf16)")
     ap.add_argument("--full-check", action="store_true",
                     help="check every row's codes and scales, and lora_act_in, against the torch version")
     a = ap.parse_args()
@@ -122,12 +127,13 @@ def grid_for(ln, form: str, m: int, k: int, r: int, ks: int) -> tuple[int, int]:
 
 
 def direct_calls(lib, e, m, k, r, ks, copies, smooth_on=True, form="tiles"):
-    """Variant e's kernel launcher and `copies` argument lists of fresh random bf16 inputs (x [m, k], smooth,
+    """Variant e's kernel launcher and `copies` argument lists of fresh random inputs in its dtype (x [m, k], smooth,
     lora_down [k, r]) on the current stream, with the grid forced to form `form` (see --ctas; the range forms
     get a workspace of random bytes each): (launcher, xs, smooth, lora_down, calls, (ksplit, ctas))."""
-    xs = [torch.randn(m, k, device="cuda").to(torch.bfloat16) for _ in range(copies)]
-    sm = torch.rand(k, device="cuda").add_(0.5).to(torch.bfloat16) if smooth_on else None
-    ld = (torch.randn(k, r, device="cuda") / k ** 0.5).to(torch.bfloat16) if r else None
+    dt = _DTYPES[e.knobs["dtype"]]
+    xs = [torch.randn(m, k, device="cuda").to(dt) for _ in range(copies)]
+    sm = torch.rand(k, device="cuda").add_(0.5).to(dt) if smooth_on else None
+    ld = (torch.randn(k, r, device="cuda") / k ** 0.5).to(dt) if r else None
     ql = lib._launcher(e.name, 0, False)
     ks, ctas = grid_for(ql, form, m, k, r, ks)
     # smooth_on 2: the kernel gets the reciprocals RN(1 / smooth) (smooth_rcp) instead of smooth
@@ -192,7 +198,7 @@ def _time_variant(a, art, lib, e, ranks, copies, timed):
     if e.op != "quantize_act" or e.arch != "sm_90a":
         return
     r = e.knobs["rank"]
-    if ranks and r not in ranks or e.knobs["dtype"] != "bf16":
+    if ranks and r not in ranks or e.knobs["dtype"] != a.dtype:
         return
     for mm, k, ks, form, cv in ((int(y), int(x), int(s), f, int(c)) for y in a.m.split(",") for x in a.k.split(",")
                                 for s in a.ksplit.split(",") for f in a.ctas.split(",")
@@ -209,7 +215,7 @@ def _time_variant(a, art, lib, e, ranks, copies, timed):
             exact = torch.equal(act[:64].cpu(), ra) and torch.equal(sc[:64].view(torch.uint8).cpu(), rs)
             if a.full_check:
                 # every row against the torch version (equal to the reference: tests/test_gpu_quantize.py), and
-                # lora_act_in within bf16 rounding of it
+                # lora_act_in within 16-bit rounding of it
                 ta, ts, tl = tq.quantize_act(xs[0], sm, ld)
                 exact = exact and torch.equal(act, ta) and torch.equal(sc.view(torch.uint8), ts.view(torch.uint8))
                 if la is not None:
