@@ -132,7 +132,7 @@ _ONE_PAIR = {"bf16": 0x3F803F80, "fp16": 0x3C003C00}   # (1.0, 1.0) in the 16-bi
 _PROBE = os.environ.get("SVDQ_KERNEL_QUANT_PROBE") == "1"
 #: Experiment builds only: SVDQ_KERNEL_QUANT_ABS=fp16 at build time makes the fp16 variants take |x̂| as a packed
 #: ``abs.f16x2`` instead of a sign mask (a LOP3), which ptxas folds into the maxima and compares that read it (an
-#: operand modifier): 16 fewer instructions per step, and fewer registers (docs/PERF.md, session 55; not yet timed).
+#: operand modifier): 10-31 fewer instructions per step, and fewer registers (docs/PERF.md, session 55; not yet timed).
 #: It leaves the bf16 variants as they are: ptxas folds no ``abs.bf16x2``.  Read per kernel object, so a test can
 #: set it; like every SVDQ_KERNEL_* switch it enters the build cache key.
 ABS_ENV = "SVDQ_KERNEL_QUANT_ABS"
