@@ -121,7 +121,7 @@ from .quantize_ptx import (_asm, _ld_v4, _ld_pred_u32, _f32_pair, _pack_pair, _m
                            _amax_pairs, _thresholds, _code_pair, _bytes4, _e4m3_pair, _st_v2_pred, _st_u8_pred,
                            _st_u32_pred, _cp_async16, _cp_async16_cg, _cp_async4, _lds_v4, _lds_u32, _cp_commit,
                            _cp_wait, _sts_v2, _sts_f, _ld_cluster_v2f, _arrive, _fence_gpu, _st_v2f_pred,
-                           _ld_relaxed_v2f, _st_u64, _lds_v2f, _ldsm_x4_t, _mma, _abs_pair)
+                           _ld_relaxed_v2f, _st_u64, _lds_v2f, _ldsm_x4_t, _mma, _abs_f16x2)
 
 _DT = {"bf16": BFloat16, "fp16": Float16}
 _ONE_PAIR = {"bf16": 0x3F803F80, "fp16": 0x3C003C00}   # (1.0, 1.0) in the 16-bit type
@@ -531,7 +531,7 @@ class _QuantizeAct:
                 wq = [cur[q * 8 + i] for i in range(8)]
             xh.append(wq)
             if cutlass.const_expr(self.abs_pair):
-                aws.append([_abs_pair(w, dt) for w in wq])
+                aws.append([_abs_f16x2(w) for w in wq])
             else:
                 aws.append([w & Int32(0x7FFF7FFF) for w in wq])
             amaxes.append(_amax_pairs(aws[-1], dt))

@@ -107,11 +107,10 @@ def _abs(a):
     return _asm("abs.f32 $0, $1;", (Float32,), [a], "=f,f")
 
 
-def _abs_pair(w, dt: str):
-    """|x| of both 16-bit halves of pair word w (the sign bits cleared, NaN kept), as a packed half-precision
-    ``abs``, which ptxas may fold into the compares and maxima that read it as an operand modifier."""
-    ty = "bf16x2" if dt == "bf16" else "f16x2"
-    return _asm(f"abs.{ty} $0, $1;", (Int32,), [w], "=r,r")
+def _abs_f16x2(w):
+    """|x| of both fp16 halves of pair word w (the sign bits cleared, NaN kept), as ``abs.f16x2``, which ptxas
+    folds into the compares and maxima that read it as an operand modifier (it does not fold ``abs.bf16x2``)."""
+    return _asm("abs.f16x2 $0, $1;", (Int32,), [w], "=r,r")
 
 
 def _max_nan(a, b):

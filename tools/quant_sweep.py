@@ -226,10 +226,11 @@ def _time_variant(a, art, lib, e, ranks, copies, timed):
             else:
                 us = statistics.median(timed_pass(ln, calls) for _ in range(20))
             nbytes = mm * k * 2 + mm * k // 2 + mm * k // 16 + mm * r * 2 + k * r * 2 + (k * 2 if smooth_on else 0)
-            short = (art.rstrip("/").split("/")[-1] + ":" if len(a.artifacts) > 1 else "") + e.name.split("_sm90a_")[1]
+            folder = art.rstrip("/").split("/")[-1]
+            short = (folder + ":" if len(a.artifacts) > 1 else "") + e.name.split("_sm90a_")[1]
             print(f"| {short} | {mm} | {k} | {r} | {int(smooth_on)} | {ks_used} | {ctas} | {cv} | {us:.1f} | "
                   f"{nbytes / us / 1e3:.0f} | {'yes' if exact else 'NO'} |", flush=True)
-            timed.append(dict(folder=art.rstrip("/").split("/")[-1], rank=r, m=mm, k=k, smooth=int(smooth_on),
+            timed.append(dict(folder=folder, rank=r, m=mm, k=k, smooth=int(smooth_on),
                               ksplit=ks_used, ctas=ctas, carveout=cv, us=us, exact=bool(exact)))
 
 
