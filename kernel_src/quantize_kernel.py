@@ -63,7 +63,10 @@ Work decomposition
   128-byte line 4 rows apart).  The tile's copy addresses are a
   per-lane base plus the step's offset plus constants where R / 8 is a power
   of two (``_srow`` is a bit permutation), so a step spends no index
-  arithmetic on them.  At the end
+  arithmetic on them.  (Experiment builds with ``SVDQ_KERNEL_QUANT_LORA=rk``
+  or ``rk3`` stage nothing: lora_down comes in the mma fragment order, each
+  A fragment one 16-byte load into registers at the top of the step;
+  ``quantize_plan.LORA_ENV``.)  At the end
   the warps' partial sums are added in SMEM and rows < M are stored in x's
   dtype.
 
@@ -115,8 +118,8 @@ from cutlass import BFloat16, Float16, Float32, Int32, Int64
 from svdq_loader.ops.ranges import cta_of_unit, range_start, workspace_counter_bytes
 
 from .quantize_plan import (STEP_K, _RS_BYTES, _SM_STAGE_BYTES, _Cfg, _epilogue_bytes, _lora_bufs, _lora_copy_slot,
-                            _lora_tiles_bytes, _ldsm_row, _pitch, _rs_chunk, _smem_bytes, _srow, _sums_per_thread,
-                            _uses_ring, _warp_smem, _x_stage_bytes, _x_stages, min_ctas_per_sm)
+                            _lora_rk, _lora_tiles_bytes, _ldsm_row, _pitch, _rs_chunk, _smem_bytes, _srow,
+                            _sums_per_thread, _uses_ring, _warp_smem, _x_stage_bytes, _x_stages, min_ctas_per_sm)
 from .quantize_ptx import (_asm, _ld_v4, _ld_pred_u32, _f32_pair, _pack_pair, _mul_pair, _sts_u32, _rcp16, _div6,
                            _amax_pairs, _thresholds, _code_pair, _bytes4, _e4m3_pair, _st_v2_pred, _st_u8_pred,
                            _st_u32_pred, _cp_async16, _cp_async16_cg, _cp_async4, _lds_v4, _lds_u32, _cp_commit,
@@ -161,6 +164,7 @@ class _QuantizeAct:
         self.lbufs = _lora_bufs(cfg)
         self.min_ctas = min_ctas_per_sm(cfg, arch)
         self.abs_pair = os.environ.get(ABS_ENV, "") == "fp16" and cfg.dtype == "fp16"
+        self.lora_rk = _lora_rk(cfg)      # experiment builds: lora_down step-major, into registers (quantize_plan)
 
     @cute.jit
     def __call__(self, x: cute.Pointer, smooth: cute.Pointer, lora_down: cute.Pointer, act: cute.Pointer,
@@ -255,7 +259,9 @@ class _QuantizeAct:
                     acc.fill(0.0)
                     c.acc, c.ldb, c.nchunk = acc, lora_down.toint(), R // 8
                     c.lora_fast = (R // 8) & (R // 8 - 1) == 0             # R / 8 a power of two (R = 16, 32, 64, 128)
-                    if cutlass.const_expr(c.lora_fast):
+                    if cutlass.const_expr(self.lora_rk):
+                        c.lrk = c.ldb + Int64(16 * lane)                      # the lane's 16 bytes of a fragment
+                    elif cutlass.const_expr(c.lora_fast):
                         kk0, cc0 = _lora_copy_slot(lane, 0, R // 8)          # the lane's part (copy 0 adds 0)
                         c.lsb = lbuf + _srow(kk0) * P + cc0 * 16
                         c.lgb = c.ldb + Int64(kk0 * R + cc0 * 8) * 2
@@ -283,7 +289,7 @@ class _QuantizeAct:
                     sm_nxt[0] = _ld_pred_u32(smooth.toint() + (Int64(s0) * STEP_K + Int64(2 * lane)) * 2, use_smooth,
                                              _ONE_PAIR[dt])
                     c.nxt, c.sm_nxt = nxt, sm_nxt
-                    if cutlass.const_expr(R > 0):
+                    if cutlass.const_expr(R > 0 and not self.lora_rk):
                         self._copy_lora(c, 0, s0)
                         _cp_commit()
 
@@ -448,6 +454,15 @@ class _QuantizeAct:
             cc = ch % c.nchunk
             _cp_async16(nb + _srow(kk) * P + cc * 16, c.ldb + ((Int64(step) * STEP_K + Int64(kk)) * R + cc * 8) * 2)
 
+    def _load_lora_rk(self, c, step):
+        """The rk form's A operands of `step` (experiment builds, `quantize_plan.LORA_ENV`): lora_down in the mma
+        fragment order (`quantize_plan.lora_fragments`), so that a step is R / 16 x 4 blocks of 512 bytes, one per
+        (m-tile rt, k block j), in which lane l's 16 bytes are its four A registers.  ``out[rt][j]``: that fragment.
+        One per-lane base, the step's offset, constants: no index arithmetic, no register moves."""
+        R = self.R
+        gb = c.lrk + Int64(step) * (STEP_K * 2 * R)
+        return [[_ld_v4(gb + (rt * 4 + j) * 512) for j in range(4)] for rt in range(R // 16)]
+
     def _step(self, c, it, s, smoothing):
         """One K step of one warp (plain Python at trace time); smoothing: trace the x / smooth path.
 
@@ -497,7 +512,9 @@ class _QuantizeAct:
             if smoothing:
                 sm_nxt[0] = _ld_pred_u32(c.smooth.toint() + (Int64(sn) * STEP_K + Int64(2 * lane)) * 2,
                                          c.use_smooth, _ONE_PAIR[dt])
-            if R > 0 and self.lbufs == 2:
+            if R > 0 and self.lora_rk:
+                lfr = self._load_lora_rk(c, s)            # this step's A fragments, used after the code work
+            elif R > 0 and self.lbufs == 2:
                 self._copy_lora(c, (it + 1) % 2, sn)
                 _cp_commit()
 
@@ -553,7 +570,12 @@ class _QuantizeAct:
 
         # ---- LoRA-down MMAs over the staged tile, after the code work: 2-5 % faster at R = 32, M = 4608 than
         #      issuing them first (H200, docs/PERF.md, session 15) -------------------------------------------
-        if R > 0:
+        if R > 0 and self.lora_rk:
+            # the same MMAs as below, each A fragment as loaded at the top of the step
+            for j in range(4):
+                for rt in range(R // 16):
+                    self._lora_mmas(acc, lfr[rt][j], xh, rt, j)
+        elif R > 0:
             # L_i (newer: ring: x_i+NS-1, L_i+1, x_i+1; registers: L_i+1 with two buffers, none with one)
             _cp_wait(3 if self.ring else self.lbufs - 1)
             cute.arch.sync_warp()
@@ -565,19 +587,24 @@ class _QuantizeAct:
             for j in range(4):
                 for rt in range(R // 16):
                     sa = cb + (16 * j + 8 * (mq // 2) + _ldsm_row(mv)) * P + (16 * rt + 8 * (mq % 2)) * 2
-                    a = _ldsm_x4_t(sa)
-                    for q in range(NG):
-                        o = (rt * NG + q) * 4
-                        c4 = (acc[o], acc[o + 1], acc[o + 2], acc[o + 3])
-                        d = _mma(dt, c4, a, (xh[q][2 * j], xh[q][2 * j + 1]))
-                        for i in range(4):
-                            acc[o + i] = d[i]
+                    self._lora_mmas(acc, _ldsm_x4_t(sa), xh, rt, j)
             if self.lbufs == 1:
                 # one tile buffer: every lane is past its reads of L_i, then L_i+1 (the warp's next step, clamped:
                 # the last one is re-read, harmlessly) goes in
                 cute.arch.sync_warp()
                 self._copy_lora(c, 0, cutlass.min(s + c.WS, c.s_last))
                 _cp_commit()
+
+    def _lora_mmas(self, acc, a, xh, rt, j):
+        """lora_act_in^T[m-tile rt] += A . x̂ over block j for each of the lane's rows: A = the fragment `a`, B = the
+        row's own pair words 2j and 2j + 1."""
+        NG = 2 * self.MT
+        for q in range(NG):
+            o = (rt * NG + q) * 4
+            c4 = (acc[o], acc[o + 1], acc[o + 2], acc[o + 3])
+            d = _mma(self.dt, c4, a, (xh[q][2 * j], xh[q][2 * j + 1]))
+            for i in range(4):
+                acc[o + i] = d[i]
 
     def _codes(self, c, s, xh, aws, amax, byte, dec, r, valid):
         """One group's E2M1 codes and scale byte, stored (row r; valid: r < m)."""

@@ -4,6 +4,7 @@ also applies to DSL integers; no DSL import).  ``kernel_src/quantize_kernel.py``
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Optional
 
 _LAYOUT_BY_ARCH = {"sm_90a": "logical", "sm_100a": "blocked", "sm_103a": "blocked",
@@ -76,12 +77,53 @@ def _x_stage_bytes(cfg: _Cfg) -> int:
 _ONE_LORA_BUFFER_RANKS = (64,)
 
 
+#: Experiment builds only (docs/PERF.md, session 57): SVDQ_KERNEL_QUANT_LORA at build time.  ``tile``, the default,
+#: stages each step's lora_down tile in the warp's SMEM (above).  ``rk`` makes every R > 0 variant read lora_down
+#: in the mma fragment order (`lora_fragments`, made once per layer) straight into the mma A registers: one 16-byte
+#: load per fragment, no SMEM tiles, no ldmatrix, so a warp's SMEM is its reciprocals and LoRA epilogue only and the
+#: SM keeps the rest as L1.  ``rk3`` is ``rk`` with a ``.minnctapersm`` of 3 CTAs of 4 warps (rank 32: 167 registers
+#: instead of 183; ranks 48 and 64 then spill, and 4 CTAs spill at rank 32).  The ring form (rank 96) has no rk
+#: form: such variants are refused in rk builds.  Read per call, so a test can set it; like every SVDQ_KERNEL_*
+#: switch it enters the build cache key and the manifest.
+LORA_ENV = "SVDQ_KERNEL_QUANT_LORA"
+LORA_FORMS = ("tile", "rk", "rk3")
+
+
+def lora_form() -> str:
+    """This build's lora_down form (`LORA_ENV`; ``tile`` unless set)."""
+    v = os.environ.get(LORA_ENV, "tile")
+    if v not in LORA_FORMS:
+        raise ValueError(f"{LORA_ENV}={v!r}: the quantize_act lora_down form must be one of {', '.join(LORA_FORMS)}")
+    return v
+
+
+def lora_fragments(lora_down):
+    """lora_down [K, R] (a torch tensor) in the rk form's order (`LORA_ENV`): [K / 64][R / 16][4][32][8] 16-bit
+    values, one 512-byte block per (64-k step, m-tile rt of the rank, 16-k block j), in which lane l = 4g + t holds
+    the four A registers of its ``mma.m16n8k16`` fragment for A = lora_down^T under the kernel's k permutation
+    (virtual k {2t, 2t + 1} = real 16t + 4j + {0, 1}, {2t + 8, 2t + 9} = 16t + 4j + {2, 3}): (row r, k, k + 1),
+    (r + 8, k, k + 1), (r, k + 2, k + 3), (r + 8, k + 2, k + 3), r = 16rt + g, k = 16t + 4j.  Real k =
+    64s + 16t + 4j + 2e2 + e1, rank r = 16rt + 8h + g -> (s, rt, j, g, t, e2, h, e1)."""
+    k, r = lora_down.shape
+    v = lora_down.reshape(k // 64, 4, 4, 2, 2, r // 16, 2, 8)          # (s, t, j, e2, e1, rt, h, g)
+    return v.permute(0, 5, 2, 7, 1, 3, 6, 4).contiguous()             # (s, rt, j, g, t, e2, h, e1)
+
+
+def _lora_rk(cfg: _Cfg) -> bool:
+    """Whether this variant reads lora_down in the fragment order into registers (`LORA_ENV`)."""
+    return cfg.rank > 0 and not _uses_ring(cfg) and lora_form() != "tile"
+
+
 def _lora_bufs(cfg: _Cfg) -> int:
     """lora_down tile buffers per warp (see _ONE_LORA_BUFFER_RANKS; two m-tiles keep two)."""
     return 1 if cfg.rank in _ONE_LORA_BUFFER_RANKS and cfg.mtiles == 1 and not _uses_ring(cfg) else 2
 
 
 def _lora_tiles_bytes(cfg: _Cfg) -> int:
+    """Bytes past the reciprocals in a warp's SMEM: its lora_down tile buffers, or in the rk form (no tiles) what the
+    LoRA epilogue re-uses there."""
+    if _lora_rk(cfg):
+        return _epilogue_bytes(cfg) - _RS_BYTES
     return _lora_bufs(cfg) * STEP_K * _pitch(cfg.rank) if cfg.rank else 0
 
 
@@ -118,6 +160,9 @@ def _est_registers(cfg: _Cfg) -> int:
 
 def _problem(cfg: _Cfg, arch: str) -> Optional[str]:
     want = _LAYOUT_BY_ARCH[arch]
+    if cfg.rank and _uses_ring(cfg) and lora_form() != "tile":
+        return (f"{LORA_ENV}={lora_form()} (an experiment build) reads lora_down into registers, which the ring form "
+                f"of rank {cfg.rank} has no room for")
     if cfg.scale_layout != want:
         return f"scale_layout {cfg.scale_layout!r} is not what {arch} uses ({want!r})"
     if cfg.rank % 16:
@@ -166,6 +211,8 @@ _MIN_CTAS = {"sm_90a": _MIN_CTAS_SM90, "sm_100a": _MIN_CTAS_SM100, "sm_103a": _M
 def min_ctas_per_sm(cfg: _Cfg, arch: str) -> int:
     """The kernel's ``.minnctapersm`` (0: none), from `_MIN_CTAS`."""
     ctas = _MIN_CTAS[arch][cfg.rank]
+    if _lora_rk(cfg) and lora_form() == "rk3":
+        ctas = 3
     if cfg.mtiles != 1:
         return min(ctas, 1)
     return ctas if ctas <= 1 else max(1, ctas * 4 // cfg.warps)

@@ -136,6 +136,10 @@ def direct_calls(lib, e, m, k, r, ks, copies, smooth_on=True, form="tiles"):
     ld = (torch.randn(k, r, device="cuda") / k ** 0.5).to(dt) if r else None
     ql = lib._launcher(e.name, 0, False)
     ks, ctas = grid_for(ql, form, m, k, r, ks)
+    frags = None
+    if r and qop.LORA_FRAGMENTS_SWITCH in lib.manifest.generator.kernel_switches:
+        from svdq_kernels.quantize_plan import lora_fragments     # plain torch, no DSL
+        frags = lora_fragments(ld)                                # the experiment's layout (docs/PERF.md, s57)
     # smooth_on 2: the kernel gets the reciprocals RN(1 / smooth) (smooth_rcp) instead of smooth
     rs = qop.smooth_reciprocals(sm) if smooth_on == 2 else None
     calls = [qop.fast_args("sm_90a", x, sm, ld) if rs is None else
@@ -144,6 +148,8 @@ def direct_calls(lib, e, m, k, r, ks, copies, smooth_on=True, form="tiles"):
     nbytes = qop.workspace_bytes(ctas, ql.tile_rows, r) if ks == 1 else 0
     keep = []
     for c in calls:
+        if frags is not None:
+            c[3][qop.LORA_INDEX] = frags.data_ptr()
         c[3][qop.STREAM_INDEX] = stream
         c[3][qop.KSPLIT_INDEX] = ks
         c[3][qop.CTAS_INDEX] = ctas
@@ -153,6 +159,8 @@ def direct_calls(lib, e, m, k, r, ks, copies, smooth_on=True, form="tiles"):
             keep.append(ws)
     if rs is not None:
         keep.append(rs)
+    if frags is not None:
+        keep.append(frags)
     calls = [c + (keep,) for c in calls]                      # each call holds the workspaces
     return ql.inner, xs, sm, ld, calls, (ks, ctas)
 

@@ -66,6 +66,12 @@ class QuantizeCall:
 SMOOTH_NONE, SMOOTH_DIV, SMOOTH_RCP = 0, 1, 2
 
 
+#: The build switch (its start, as the manifest's ``generator.kernel_switches`` records it) of the experiment builds
+#: whose LoRA variants read lora_down in the mma fragment order (``SVDQ_KERNEL_QUANT_LORA=rk``, ``rk3``; docs/PERF.md,
+#: session 57): the library refuses to call them with lora_down, and tools/quant_sweep.py passes them that layout.
+LORA_FRAGMENTS_SWITCH = "SVDQ_KERNEL_QUANT_LORA=rk"
+
+
 def smooth_reciprocals(smooth):
     """The reciprocals ``RN_D(RN32(1 / smooth))`` of smoothing factors ([K], bf16 or fp16, on any device), in
     smooth's dtype: what ``quantize_act(x, smooth_rcp=...)`` takes in place of ``smooth`` for the same result,
@@ -339,6 +345,7 @@ _FAST_ORDER = ("x", "smooth", "lora_down", "act", "ascales", "lora_act_in", "wor
 if SPEC.arg_names != _FAST_ORDER:  # pragma: no cover - a spec edit must update the fast path too
     raise ImportError(f"quantize_act: fast_args builds {_FAST_ORDER} but the spec's host args are {SPEC.arg_names}")
 STREAM_INDEX = _FAST_ORDER.index("stream")
+LORA_INDEX = _FAST_ORDER.index("lora_down")
 KSPLIT_INDEX = _FAST_ORDER.index("ksplit")
 CTAS_INDEX = _FAST_ORDER.index("ctas")
 WORKSPACE_INDEX = _FAST_ORDER.index("workspace")
