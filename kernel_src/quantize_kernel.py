@@ -164,7 +164,7 @@ class _QuantizeAct:
         self.lbufs = _lora_bufs(cfg)
         self.min_ctas = min_ctas_per_sm(cfg, arch)
         self.abs_pair = os.environ.get(ABS_ENV, "") == "fp16" and cfg.dtype == "fp16"
-        self.lora_rk = _lora_rk(cfg)      # experiment builds: lora_down step-major, into registers (quantize_plan)
+        self.lora_rk = _lora_rk(cfg)      # experiment builds: lora_down in the fragment order, into registers
 
     @cute.jit
     def __call__(self, x: cute.Pointer, smooth: cute.Pointer, lora_down: cute.Pointer, act: cute.Pointer,
