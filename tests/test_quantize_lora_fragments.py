@@ -102,7 +102,8 @@ def test_the_switch_plans_no_lora_tiles(monkeypatch):
 def test_the_rk_kernel_reads_lora_down_into_registers(monkeypatch, tmp_path):
     """The rank-32 bf16 kernel under ``rk3``: no ldmatrix and no cp.async of lora_down tiles (the rank-0 kernel's x
     path has none either), one 16-byte load per A fragment, at most 168 registers (three 4-warp CTAs per SM) and no
-    stack frame, and a step loop shorter than the shipped kernel's (session 57: 425 -> 396-400 instructions)."""
+    stack frame, a step loop shorter than the shipped kernel's (session 57: 425 -> 396-400 instructions), and the
+    fragment loads in its first tenth, its MMAs in its last quarter."""
     pytest.importorskip("cutlass")
     from kernel_checks import dump_sass, instructions, loops
     from svdq_kernels import quantize_act as fam
@@ -137,6 +138,10 @@ def test_the_rk_kernel_reads_lora_down_into_registers(monkeypatch, tmp_path):
     base_wide = [t for a, t in instructions(base_sass) if base_loop["start"] <= a <= base_loop["end"]
                  and t.split()[0].startswith("LDG.E.128")]
     assert len(wide) == len(base_wide) + 8, (len(wide), len(base_wide))     # + the 2 x 4 A fragments of a step
+    # the loads stay at the top of the step and the MMAs at its end, so the step's code work hides their latency
+    at = [i for i, t in enumerate(body) if t.split()[0].startswith("LDG.E.128")]
+    mma = [i for i, t in enumerate(body) if t.split()[0].startswith("HMMA")]
+    assert max(at) < len(body) // 10 and min(mma) > 3 * len(body) // 4, (at, mma, len(body))
 
 
 def test_the_library_refuses_lora_calls_on_an_rk_build(monkeypatch, tmp_path):
