@@ -456,7 +456,7 @@ class _QuantizeAct:
 
     def _load_lora_rk(self, c, step):
         """The rk form's A operands of `step` (experiment builds, `quantize_plan.LORA_ENV`): lora_down in the mma
-        fragment order (`quantize_plan.lora_fragments`), so that a step is R / 16 x 4 blocks of 512 bytes, one per
+        fragment order (`svdq_loader.ops.quantize_act.lora_fragments`), so that a step is R / 16 x 4 blocks of 512 bytes, one per
         (m-tile rt, k block j), in which lane l's 16 bytes are its four A registers.  ``out[rt][j]``: that fragment.
         One per-lane base, the step's offset, constants: no index arithmetic, no register moves."""
         R = self.R

@@ -79,9 +79,9 @@ _ONE_LORA_BUFFER_RANKS = (64,)
 
 #: Experiment builds only (docs/PERF.md, session 57): SVDQ_KERNEL_QUANT_LORA at build time.  ``tile``, the default,
 #: stages each step's lora_down tile in the warp's SMEM (above).  ``rk`` makes every R > 0 variant read lora_down
-#: in the mma fragment order (`lora_fragments`, made once per layer) straight into the mma A registers: one 16-byte
-#: load per fragment, no SMEM tiles, no ldmatrix, so a warp's SMEM is its reciprocals and LoRA epilogue only and the
-#: SM keeps the rest as L1.  ``rk3`` is ``rk`` with a ``.minnctapersm`` of 3 CTAs of 4 warps (rank 32: 167 registers
+#: in the mma fragment order (`svdq_loader.ops.quantize_act.lora_fragments`, made once per layer) straight into
+#: the mma A registers: one 16-byte load per fragment, no SMEM tiles, no ldmatrix, so a warp's SMEM is its
+#: reciprocals and LoRA epilogue only and the SM keeps the rest as L1.  ``rk3`` is ``rk`` with a ``.minnctapersm`` of 3 CTAs of 4 warps (rank 32: 167 registers
 #: instead of 183; ranks 48 and 64 then spill, and 4 CTAs spill at rank 32).  The ring form (rank 96) has no rk
 #: form: such variants are refused in rk builds.  Read per call, so a test can set it; like every SVDQ_KERNEL_*
 #: switch it enters the build cache key and the manifest.
@@ -95,18 +95,6 @@ def lora_form() -> str:
     if v not in LORA_FORMS:
         raise ValueError(f"{LORA_ENV}={v!r}: the quantize_act lora_down form must be one of {', '.join(LORA_FORMS)}")
     return v
-
-
-def lora_fragments(lora_down):
-    """lora_down [K, R] (a torch tensor) in the rk form's order (`LORA_ENV`): [K / 64][R / 16][4][32][8] 16-bit
-    values, one 512-byte block per (64-k step, m-tile rt of the rank, 16-k block j), in which lane l = 4g + t holds
-    the four A registers of its ``mma.m16n8k16`` fragment for A = lora_down^T under the kernel's k permutation
-    (virtual k {2t, 2t + 1} = real 16t + 4j + {0, 1}, {2t + 8, 2t + 9} = 16t + 4j + {2, 3}): (row r, k, k + 1),
-    (r + 8, k, k + 1), (r, k + 2, k + 3), (r + 8, k + 2, k + 3), r = 16rt + g, k = 16t + 4j.  Real k =
-    64s + 16t + 4j + 2e2 + e1, rank r = 16rt + 8h + g -> (s, rt, j, g, t, e2, h, e1)."""
-    k, r = lora_down.shape
-    v = lora_down.reshape(k // 64, 4, 4, 2, 2, r // 16, 2, 8)          # (s, t, j, e2, e1, rt, h, g)
-    return v.permute(0, 5, 2, 7, 1, 3, 6, 4).contiguous()             # (s, rt, j, g, t, e2, h, e1)
 
 
 def _lora_rk(cfg: _Cfg) -> bool:

@@ -244,12 +244,9 @@ class Library:
     def _resolve(self, op: str, ordinal: int, features: tuple, dims: tuple, capturing: bool) -> Launcher:
         """A (problem, device) the call cache has not seen: select, load if needed, remember."""
         arch = self._device_arch(ordinal)
-        switches = self.manifest.generator.kernel_switches
-        if op == "quantize_act" and features[1] and quant_op.LORA_FRAGMENTS_SWITCH in switches:
-            raise select.UnsupportedProblem(
-                f"{self.path} is an experiment build ({switches}): its quantize_act "
-                f"variants with LoRA read lora_down in another layout than [K, R], which only tools/quant_sweep.py "
-                f"passes; rebuild without SVDQ_KERNEL_QUANT_LORA to call quantize_act with lora_down")
+        why = OPS[op].build_refusal(self.manifest.generator.kernel_switches, features)
+        if why:
+            raise select.UnsupportedProblem(f"{self.path}: {why}")
         p = select.Problem(op, arch, features, dims)
         entry = select.choose(self.variants, p, self.rules, self._hit(p, None, ordinal=ordinal),
                               sm_count=self._sms[ordinal])

@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from svdq_kernels import quantize_plan as plan  # noqa: E402
+from svdq_loader.ops import quantize_act  # noqa: E402
 
 
 def _mma_product(frags, xh, rank):
@@ -52,7 +53,7 @@ def test_lora_fragments_feed_the_mma_the_lora_down_product(rank):
     k = 192
     lora = torch.randint(-50, 51, (k, rank), generator=g).to(torch.float64)
     xh = torch.randint(-50, 51, (16, k), generator=g).to(torch.float64)
-    frags = plan.lora_fragments(lora)
+    frags = quantize_act.lora_fragments(lora)
     assert frags.is_contiguous() and frags.numel() == k * rank
     frags = frags.reshape(k // 64, rank // 16, 4, 32, 8)
     total = torch.zeros(rank, 16, dtype=torch.float64)

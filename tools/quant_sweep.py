@@ -138,8 +138,7 @@ def direct_calls(lib, e, m, k, r, ks, copies, smooth_on=True, form="tiles"):
     ks, ctas = grid_for(ql, form, m, k, r, ks)
     frags = None
     if r and qop.LORA_FRAGMENTS_SWITCH in lib.manifest.generator.kernel_switches:
-        from svdq_kernels.quantize_plan import lora_fragments     # plain torch, no DSL
-        frags = lora_fragments(ld)                                # the experiment's layout (docs/PERF.md, s57)
+        frags = qop.lora_fragments(ld)                            # the experiment's layout (docs/PERF.md, s57)
     # smooth_on 2: the kernel gets the reciprocals RN(1 / smooth) (smooth_rcp) instead of smooth
     rs = qop.smooth_reciprocals(sm) if smooth_on == 2 else None
     calls = [qop.fast_args("sm_90a", x, sm, ld) if rs is None else

@@ -39,6 +39,7 @@ SPEC = OpSpec(
     requirement_keys=("k_multiple",),
     coverage_problems=distinct_k_coverage,
     wrap_launcher=lambda ln, entry: QuantizeLauncher(ln, entry),
+    build_refusal=lambda switches, features: _lora_layout_refusal(switches, features),
 )
 
 # ---------------------------------------------------------------------------
@@ -70,6 +71,28 @@ SMOOTH_NONE, SMOOTH_DIV, SMOOTH_RCP = 0, 1, 2
 #: whose LoRA variants read lora_down in the mma fragment order (``SVDQ_KERNEL_QUANT_LORA=rk``, ``rk3``; docs/PERF.md,
 #: session 57): the library refuses to call them with lora_down, and tools/quant_sweep.py passes them that layout.
 LORA_FRAGMENTS_SWITCH = "SVDQ_KERNEL_QUANT_LORA=rk"
+
+
+def _lora_layout_refusal(switches: str, features: tuple) -> "str | None":
+    """The op's `build_refusal`: a call with LoRA (features = (dtype, rank, scale_layout)) on such a build."""
+    if features[1] and LORA_FRAGMENTS_SWITCH in switches:
+        return (f"an experiment build ({switches}): its quantize_act variants with LoRA read lora_down in another "
+                f"layout than [K, R], which only tools/quant_sweep.py passes; rebuild without SVDQ_KERNEL_QUANT_LORA "
+                f"to call quantize_act with lora_down")
+    return None
+
+
+def lora_fragments(lora_down):
+    """lora_down [K, R] (a torch tensor) in the order the ``SVDQ_KERNEL_QUANT_LORA=rk`` kernels read it
+    (`LORA_FRAGMENTS_SWITCH`): [K / 64][R / 16][4][32][8] 16-bit values, one 512-byte block per (64-k step, m-tile rt
+    of the rank, 16-k block j), in which lane l = 4g + t holds the four A registers of its ``mma.m16n8k16`` fragment
+    for A = lora_down^T under the kernel's k permutation (virtual k {2t, 2t + 1} = real 16t + 4j + {0, 1},
+    {2t + 8, 2t + 9} = 16t + 4j + {2, 3}): (row r, k, k + 1), (r + 8, k, k + 1), (r, k + 2, k + 3),
+    (r + 8, k + 2, k + 3), r = 16rt + g, k = 16t + 4j.  Real k = 64s + 16t + 4j + 2e2 + e1, rank r = 16rt + 8h + g
+    -> (s, rt, j, g, t, e2, h, e1)."""
+    k, r = lora_down.shape
+    v = lora_down.reshape(k // 64, 4, 4, 2, 2, r // 16, 2, 8)          # (s, t, j, e2, e1, rt, h, g)
+    return v.permute(0, 5, 2, 7, 1, 3, 6, 4).contiguous()             # (s, rt, j, g, t, e2, h, e1)
 
 
 def smooth_reciprocals(smooth):

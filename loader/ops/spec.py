@@ -84,6 +84,10 @@ class OpSpec:
     #: itself: an op whose launch needs more than its arguments (e.g. ``quantize_act``'s grid from the
     #: device's resident CTAs, and a per-call workspace) wraps it here.
     wrap_launcher: "Callable[[Any, Mapping[str, Any]], Any] | None" = None
+    #: (the build's kernel switches, as ``generator.kernel_switches`` records them; a call's feature key) -> None, or
+    #: why such a build cannot serve such calls through the library (an experiment build whose kernels read an input
+    #: in another layout than the op's); the library raises it as UnsupportedProblem before selecting a variant
+    build_refusal: Callable[[str, tuple], "str | None"] = lambda switches, features: None
 
     def __post_init__(self):
         names = [a for a, _ in self.host_args]
